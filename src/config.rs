@@ -1,0 +1,161 @@
+//! Configuration: flags with environment fallbacks, every one with a default that works for
+//! a local run against `redis-server` on its default port.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::lock::Strategy;
+
+/// An inventory-sale service whose sale is guarded by a switchable distributed lock.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "inventory", version, about, long_about = None)]
+pub struct Config {
+    /// TCP port to listen on.
+    #[arg(long, env = "PORT", default_value_t = 7777)]
+    pub port: u16,
+
+    /// Address to listen on (0.0.0.0 inside a container).
+    #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1")]
+    pub bind_addr: IpAddr,
+
+    /// Redis connection URL (redis://[:password@]host:port[/db]).
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+
+    /// Name reported in `X-Instance` and in every sale; defaults to `<host>:<port>`.
+    #[arg(long, env = "INSTANCE_NAME")]
+    pub instance_name: Option<String>,
+
+    /// Lock strategy used when a sale does not name one (see `GET /strategies`).
+    #[arg(long, env = "LOCK_STRATEGY", default_value = "fenced", value_parser = parse_strategy)]
+    pub lock_strategy: Strategy,
+
+    /// Lease of a Redis lock in milliseconds (the watchdog renews every third of it).
+    #[arg(long, env = "LOCK_TTL_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(30..=3_600_000))]
+    pub lock_ttl_ms: u64,
+
+    /// How long a sale may wait for a held lock, in milliseconds, before answering 503.
+    #[arg(long, env = "LOCK_WAIT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub lock_wait_ms: u64,
+
+    /// How a waiting sale learns that the lock is free.
+    #[arg(long, env = "LOCK_WAIT", value_enum, default_value_t = WaitMode::Notify)]
+    pub lock_wait: WaitMode,
+
+    /// Bearer token required by `PUT /inventory`; unset leaves admin endpoints open.
+    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Item whose stock is sold (letters, digits, `-` and `_`; at most 32).
+    #[arg(long, env = "ITEM_ID", default_value = "001", value_parser = parse_item_id)]
+    pub item_id: String,
+
+    /// Bound on every Redis call in milliseconds; past it a sale answers 503.
+    #[arg(long, env = "REDIS_TIMEOUT_MS", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub redis_timeout_ms: u64,
+
+    /// Pause between the owner check and the delete of `owner-check`, to make its race
+    /// happen on demand in fault scenarios. Keep 0 in normal use.
+    #[arg(long, env = "RELEASE_GAP_MS", default_value_t = 0, hide = true)]
+    pub release_gap_ms: u64,
+
+    /// Print the OpenAPI document as JSON and exit.
+    #[arg(long)]
+    pub openapi: bool,
+}
+
+/// How a sale waits for a lock held by someone else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WaitMode {
+    /// Sleep until the holder publishes its release or the holder's lease runs out.
+    Notify,
+    /// Retry every 20 ms, as the tutorial does (for comparison).
+    Spin,
+}
+
+impl Config {
+    pub fn instance_name(&self) -> String {
+        self.instance_name
+            .clone()
+            .unwrap_or_else(|| format!("{}:{}", hostname(), self.port))
+    }
+
+    pub fn lock_ttl(&self) -> Duration {
+        Duration::from_millis(self.lock_ttl_ms)
+    }
+
+    pub fn lock_wait(&self) -> Duration {
+        Duration::from_millis(self.lock_wait_ms)
+    }
+
+    pub fn redis_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis_timeout_ms)
+    }
+
+    /// The defaults, as a local run would get them with no flag and no environment.
+    pub fn for_tests(redis_url: &str) -> Self {
+        let mut config = Self::parse_from(["inventory"]);
+        config.redis_url = redis_url.to_owned();
+        config
+    }
+}
+
+fn parse_strategy(name: &str) -> Result<Strategy, String> {
+    name.parse()
+}
+
+pub fn parse_item_id(id: &str) -> Result<String, String> {
+    let valid = !id.is_empty()
+        && id.len() <= 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if valid {
+        Ok(id.to_owned())
+    } else {
+        Err(format!(
+            "invalid item id {id:?}: use 1 to 32 letters, digits, '-' or '_'"
+        ))
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn item_ids_that_could_escape_their_key_are_refused() {
+        assert!(parse_item_id("001").is_ok());
+        assert!(parse_item_id("sku_9-b").is_ok());
+        for bad in ["", "a}b", "a:b", "a b", "x{1}", &"9".repeat(33)] {
+            assert!(parse_item_id(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let config = Config::parse_from(["inventory"]);
+        assert_eq!(config.port, 7777);
+        assert_eq!(
+            config.lock_strategy,
+            Strategy::Redis(crate::lock::RedisLock::Fenced)
+        );
+        assert_eq!(config.lock_ttl_ms, 30_000);
+        assert_eq!(config.lock_wait_ms, 10_000);
+        assert_eq!(config.lock_wait, WaitMode::Notify);
+        assert_eq!(config.item_id, "001");
+    }
+}

@@ -1,0 +1,153 @@
+//! The one place where outcomes become HTTP statuses.
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::sale::SaleError;
+
+/// Every error body: a stable machine code and a sentence for people.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"error": "sold_out", "message": "item 001 is sold out"}))]
+pub struct ErrorBody {
+    /// One of: bad_request, unauthorized, not_found, sold_out, lock_lost, stale_fence,
+    /// lock_timeout, redis_unavailable, internal.
+    pub error: String,
+    pub message: String,
+}
+
+#[derive(Debug)]
+pub enum ApiError {
+    /// 400: the message names what is valid.
+    BadRequest(String),
+    /// 401: the admin token is missing or wrong.
+    Unauthorized,
+    /// 404
+    NotFound,
+    /// 409 or 503, depending on why the sale was refused.
+    Sale(SaleError),
+    /// 503 when Redis is unreachable, 500 when it answered something unexpected.
+    Redis(RedisError),
+    /// 500: details go to the log, never to the client.
+    Internal(String),
+}
+
+impl From<SaleError> for ApiError {
+    fn from(e: SaleError) -> Self {
+        match e {
+            SaleError::Redis(e) => ApiError::Redis(e),
+            e => ApiError::Sale(e),
+        }
+    }
+}
+
+impl From<RedisError> for ApiError {
+    fn from(e: RedisError) -> Self {
+        ApiError::Redis(e)
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        ApiError::BadRequest(rejection.body_text())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        ApiError::BadRequest(rejection.body_text())
+    }
+}
+
+/// Whether Redis failed to answer (worth a retry later) rather than answered wrongly.
+fn unavailable(e: &RedisError) -> bool {
+    match e.kind() {
+        ErrorKind::Server(kind) => matches!(
+            kind,
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+        ),
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType | ErrorKind::Extension => false,
+        _ => true,
+    }
+}
+
+impl ApiError {
+    fn parts(&self) -> (StatusCode, &'static str, String) {
+        match self {
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, "bad_request", m.clone()),
+            ApiError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`".into(),
+            ),
+            ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found", "no such route".into()),
+            ApiError::Sale(e) => match e {
+                SaleError::SoldOut => (
+                    StatusCode::CONFLICT,
+                    "sold_out",
+                    "the item is sold out".into(),
+                ),
+                SaleError::LockLost => (
+                    StatusCode::CONFLICT,
+                    "lock_lost",
+                    "the lock expired before the sale could write; nothing was sold".into(),
+                ),
+                SaleError::StaleFence { token, newest } => (
+                    StatusCode::CONFLICT,
+                    "stale_fence",
+                    format!(
+                        "fencing token {token} is older than {newest}, already seen by the store; nothing was sold"
+                    ),
+                ),
+                SaleError::LockTimeout { waited } => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "lock_timeout",
+                    format!(
+                        "the lock stayed held for {} ms, the whole wait budget",
+                        waited.as_millis()
+                    ),
+                ),
+                SaleError::Redis(_) => unreachable_redis(),
+            },
+            ApiError::Redis(e) if unavailable(e) => unreachable_redis(),
+            ApiError::Redis(_) | ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error; see the service log".into(),
+            ),
+        }
+    }
+}
+
+fn unreachable_redis() -> (StatusCode, &'static str, String) {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "redis_unavailable",
+        "Redis did not answer; retry shortly".into(),
+    )
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code, message) = self.parts();
+        match &self {
+            ApiError::Redis(e) | ApiError::Sale(SaleError::Redis(e)) => {
+                tracing::warn!(error = %e, status = status.as_u16(), "redis call failed");
+            }
+            ApiError::Internal(detail) => tracing::error!(%detail, "internal error"),
+            _ => {}
+        }
+        let body = ErrorBody {
+            error: code.to_owned(),
+            message,
+        };
+        (status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,180 @@
+//! `/inventory`: the sale, the stock, its reset and its audit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::{Admin, ApiJson, ApiQuery};
+use super::{ApiError, AppState, ErrorBody, TAG_INVENTORY, TAG_SALE};
+use crate::lock::Strategy;
+use crate::sale::{MAX_WORK_MS, SaleRequest, Sold};
+use crate::store::{Audit, Inventory};
+
+/// Largest stock a reset accepts.
+pub const MAX_STOCK: i64 = 1_000_000_000;
+
+pub fn router() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::new()
+        .routes(routes!(sale))
+        .routes(routes!(get_inventory, reset_inventory))
+        .routes(routes!(audit))
+}
+
+/// The query of a sale.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SaleQuery {
+    /// Lock strategy, by name or tutorial alias (`v1`..`v8`); defaults to `LOCK_STRATEGY`.
+    #[param(schema_with = strategy_schema, example = "fenced")]
+    pub strategy: Option<String>,
+    /// Simulated business time, in ms, spent holding the lock between reading the stock and
+    /// writing it (0..=60000).
+    #[param(minimum = 0, maximum = 60000, example = 0)]
+    pub work_ms: Option<u64>,
+    /// Acquire the same lock a second time, nested, before writing.
+    #[param(example = false)]
+    pub reenter: Option<bool>,
+}
+
+fn strategy_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(Strategy::accepted_names()))
+}
+
+impl SaleQuery {
+    fn into_request(self, default: Strategy) -> Result<SaleRequest, ApiError> {
+        let strategy = match self.strategy.as_deref() {
+            None | Some("") => default,
+            Some(name) => name.parse().map_err(ApiError::BadRequest)?,
+        };
+        let work_ms = self.work_ms.unwrap_or(0);
+        if work_ms > MAX_WORK_MS {
+            return Err(ApiError::BadRequest(format!(
+                "work_ms must be between 0 and {MAX_WORK_MS}, got {work_ms}"
+            )));
+        }
+        Ok(SaleRequest {
+            strategy,
+            work: Duration::from_millis(work_ms),
+            reenter: self.reenter.unwrap_or(false),
+        })
+    }
+}
+
+/// Sell one item
+///
+/// Takes the lock of the chosen strategy, reads the stock, works for `work_ms`, writes
+/// stock - 1 and records the sale in the ledger. `GET` is accepted too, as in the tutorial.
+#[utoipa::path(
+    method(post, get),
+    path = "/inventory/sale",
+    tag = TAG_SALE,
+    params(SaleQuery),
+    responses(
+        (status = 200, description = "One item sold", body = Sold),
+        (status = 400, description = "Unknown strategy or `work_ms` out of range; the message names the valid values", body = ErrorBody,
+            example = json!({"error": "bad_request", "message": "unknown strategy \"v9\"; valid: none, local, setnx, ..."})),
+        (status = 409, description = "Nothing sold: `sold_out`, or the lock was lost before the write (`lock_lost`, `stale_fence`)", body = ErrorBody,
+            example = json!({"error": "stale_fence", "message": "fencing token 7 is older than 8, already seen by the store; nothing was sold"})),
+        (status = 503, description = "Nothing sold: the lock stayed held for the whole wait budget (`lock_timeout`) or Redis did not answer (`redis_unavailable`)", body = ErrorBody,
+            example = json!({"error": "lock_timeout", "message": "the lock stayed held for 10000 ms, the whole wait budget"})),
+        (status = 500, description = "Unexpected failure; details are in the service log", body = ErrorBody),
+    )
+)]
+async fn sale(
+    State(app): State<Arc<AppState>>,
+    ApiQuery(query): ApiQuery<SaleQuery>,
+) -> Result<Json<Sold>, ApiError> {
+    let request = query.into_request(app.default_strategy)?;
+    // The sale runs in its own task: a client that hangs up must not abandon it half-way,
+    // between taking the lock and releasing it.
+    let sold = tokio::spawn(async move { app.seller.sell(request).await })
+        .await
+        .map_err(|e| ApiError::Internal(format!("sale task failed: {e}")))??;
+    Ok(Json(sold))
+}
+
+/// Show the stock
+#[utoipa::path(
+    get,
+    path = "/inventory",
+    tag = TAG_INVENTORY,
+    responses(
+        (status = 200, description = "Stock now, stock at the last reset, sales recorded", body = Inventory),
+        (status = 503, description = "Redis did not answer", body = ErrorBody),
+    )
+)]
+async fn get_inventory(State(app): State<Arc<AppState>>) -> Result<Json<Inventory>, ApiError> {
+    Ok(Json(app.seller.store.inventory().await?))
+}
+
+/// A reset of the item.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"stock": 100}))]
+pub struct ResetRequest {
+    /// New stock, 0..=1000000000.
+    #[schema(minimum = 0, maximum = 1_000_000_000)]
+    pub stock: i64,
+}
+
+/// Reset the stock
+///
+/// Sets the stock and the initial stock, empties the sales ledger, forgets the fencing
+/// history and deletes the item's lock. Needs `Authorization: Bearer <ADMIN_TOKEN>` when
+/// the service has one.
+#[utoipa::path(
+    put,
+    path = "/inventory",
+    tag = TAG_INVENTORY,
+    request_body = ResetRequest,
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The item after the reset", body = Inventory),
+        (status = 400, description = "Stock missing, not a number, or out of range", body = ErrorBody,
+            example = json!({"error": "bad_request", "message": "stock must be between 0 and 1000000000, got -1"})),
+        (status = 401, description = "Wrong or missing admin token", body = ErrorBody,
+            example = json!({"error": "unauthorized", "message": "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`"})),
+        (status = 503, description = "Redis did not answer", body = ErrorBody),
+    )
+)]
+async fn reset_inventory(
+    _admin: Admin,
+    State(app): State<Arc<AppState>>,
+    ApiJson(reset): ApiJson<ResetRequest>,
+) -> Result<Json<Inventory>, ApiError> {
+    if !(0..=MAX_STOCK).contains(&reset.stock) {
+        return Err(ApiError::BadRequest(format!(
+            "stock must be between 0 and {MAX_STOCK}, got {}",
+            reset.stock
+        )));
+    }
+    let store = &app.seller.store;
+    store.reset(reset.stock).await?;
+    tracing::info!(stock = reset.stock, "inventory reset");
+    Ok(Json(store.inventory().await?))
+}
+
+/// Audit the sales
+///
+/// Compares the sales ledger with the stock: items oversold, decrements lost, and the
+/// remaining-stock values that more than one sale left behind.
+#[utoipa::path(
+    get,
+    path = "/inventory/audit",
+    tag = TAG_INVENTORY,
+    responses(
+        (status = 200, description = "The ledger against the stock", body = Audit),
+        (status = 503, description = "Redis did not answer", body = ErrorBody),
+    )
+)]
+async fn audit(State(app): State<Arc<AppState>>) -> Result<Json<Audit>, ApiError> {
+    Ok(Json(app.seller.store.audit().await?))
+}

@@ -1,0 +1,94 @@
+//! The HTTP surface: one module per resource, routes and OpenAPI collected together by
+//! `utoipa-axum`, so the document cannot forget a route.
+
+pub mod error;
+mod extract;
+mod inventory;
+mod meta;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, HeaderValue};
+use tower_http::set_header::SetResponseHeaderLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::lock::Strategy;
+use crate::sale::Seller;
+pub use error::{ApiError, ErrorBody};
+
+pub const TAG_SALE: &str = "sale";
+pub const TAG_INVENTORY: &str = "inventory";
+pub const TAG_SERVICE: &str = "service";
+
+/// Request bodies are a few bytes of JSON; anything large is a mistake or an attack.
+const BODY_LIMIT: usize = 16 * 1024;
+
+/// What every handler shares.
+pub struct AppState {
+    pub seller: Seller,
+    pub default_strategy: Strategy,
+    pub admin_token: Option<String>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "inventory",
+        description = "Sells one item at a time from a stock kept in Redis, guarded by a \
+            switchable distributed lock: from a process-local mutex that oversells behind \
+            nginx, through each Redis fix, to fencing tokens and a lock-free atomic sale. \
+            Every response carries `X-Instance`, the instance that answered."
+    ),
+    tags(
+        (name = TAG_SALE, description = "Selling, under the lock strategy of your choice"),
+        (name = TAG_INVENTORY, description = "Stock, reset and audit"),
+        (name = TAG_SERVICE, description = "Strategies, health and readiness"),
+    ),
+    modifiers(&AdminToken)
+)]
+struct ApiDoc;
+
+/// Declares the bearer token that `PUT /inventory` asks for when `ADMIN_TOKEN` is set.
+struct AdminToken;
+
+impl utoipa::Modify for AdminToken {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "admin_token",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+fn api_router() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(inventory::router())
+        .merge(meta::router())
+}
+
+/// The OpenAPI document, without building the application.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_router().into_openapi()
+}
+
+/// The whole application, ready for `axum::serve` or for `oneshot` in tests.
+pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
+    let instance = HeaderValue::from_str(instance)
+        .map_err(|_| anyhow::anyhow!("instance name {instance:?} cannot be sent in a header"))?;
+    let (router, api) = api_router().split_for_parts();
+    Ok(router
+        .merge(SwaggerUi::new("/swagger-ui").url("/api-docs/openapi.json", api))
+        .fallback(|| async { ApiError::NotFound })
+        .with_state(Arc::new(state))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(SetResponseHeaderLayer::overriding(
+            HeaderName::from_static("x-instance"),
+            instance,
+        )))
+}

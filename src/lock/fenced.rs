@@ -1,0 +1,46 @@
+//! `fenced`: the watchdog lock, plus a fencing token drawn atomically with each acquisition;
+//! the stock read registers the token and the stock write refuses one older than the newest
+//! the store has seen.
+//! Fixes: `watchdog`'s paused holder: when it wakes, its write carries an old token and is
+//! refused (409 `stale_fence`) instead of applied.
+//! Still wrong: only writes that check the token are protected, and the lock depends on one
+//! Redis node (a failover can lose it: see `redlock`).
+
+use redis::RedisResult;
+
+use super::{Attempt, LockCx, Released, StrategyInfo};
+use crate::store::scripts;
+
+pub(super) const INFO: StrategyInfo = StrategyInfo {
+    name: "fenced",
+    aliases: &[],
+    seed: "beyond",
+    protocol: "watchdog + fencing token (INCR with the acquire), checked by the stock read and write",
+    fixes: "a paused holder's late write is refused instead of applied",
+    flaw: "protects only the writes that check the token; one Redis node is a single point of failure",
+    reentrant: true,
+    renews: true,
+    fenced: true,
+    distributed: true,
+};
+
+pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
+    let keys = &cx.store.keys;
+    let reply = cx
+        .store
+        .call(|mut c| async move {
+            scripts::LOCK_FENCED
+                .key(&keys.lock)
+                .key(&keys.fence)
+                .arg(owner)
+                .arg(super::reentrant::millis(cx.ttl))
+                .invoke_async(&mut c)
+                .await
+        })
+        .await?;
+    Ok(Attempt::from_script(reply, true))
+}
+
+pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
+    super::reentrant::release(cx, owner).await
+}

@@ -1,0 +1,35 @@
+//! `local` (tutorial v1/v2): a mutex inside the process around read, work and write.
+//! Fixes: `none`'s lost updates as long as there is a single instance.
+//! Still wrong: the mutex is invisible to the other instance behind nginx, so two instances
+//! sell the same item (the tutorial's "76 sold twice"); and it is not reentrant.
+
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::time::Instant;
+
+use super::StrategyInfo;
+
+pub(super) const INFO: StrategyInfo = StrategyInfo {
+    name: "local",
+    aliases: &["v1", "v2"],
+    seed: "v1/v2",
+    protocol: "process-local mutex",
+    fixes: "lost updates between sales of one instance",
+    flaw: "correct on one instance, oversells behind nginx with two",
+    reentrant: false,
+    renews: false,
+    fenced: false,
+    distributed: false,
+};
+
+/// A tokio mutex, not a std one: the guard is held across the awaits of the sale.
+/// `None` when the deadline passed first.
+pub(super) async fn acquire(
+    mutex: &Arc<Mutex<()>>,
+    deadline: Instant,
+) -> Option<OwnedMutexGuard<()>> {
+    tokio::time::timeout_at(deadline, mutex.clone().lock_owned())
+        .await
+        .ok()
+}

@@ -1,0 +1,42 @@
+//! `owner-check` (tutorial v5): `SET NX PX ttl`; release reads the key and deletes it only if
+//! it still holds this sale's owner id.
+//! Fixes: `setnx-ttl` deleting a lock that another sale took after the TTL ran out.
+//! Still wrong: `GET` and `DEL` are two commands; the lock can expire and change hands between
+//! them, and the `DEL` then removes the new holder's lock.
+
+use redis::{AsyncCommands, RedisResult};
+
+use super::{Attempt, LockCx, Released, StrategyInfo};
+
+pub(super) const INFO: StrategyInfo = StrategyInfo {
+    name: "owner-check",
+    aliases: &["v5"],
+    seed: "v5",
+    protocol: "SET NX PX ttl; GET == owner, then DEL",
+    fixes: "the late holder no longer deletes a lock that is visibly someone else's",
+    flaw: "check and delete are two commands: the lock can change hands between them",
+    reentrant: false,
+    renews: false,
+    fenced: false,
+    distributed: true,
+};
+
+pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
+    super::set_nx(cx, owner, Some(cx.ttl)).await
+}
+
+pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
+    let key = &cx.store.keys.lock;
+    let holder: Option<String> = cx
+        .store
+        .call(|mut c| async move { c.get(key).await })
+        .await?;
+    if holder.as_deref() != Some(owner) {
+        return Ok(Released::NotHeld);
+    }
+    // The window this version is known for; fault scenarios widen it to make the race certain.
+    if !cx.release_gap.is_zero() {
+        tokio::time::sleep(cx.release_gap).await;
+    }
+    super::delete_and_announce(cx, owner).await
+}

@@ -1,0 +1,69 @@
+//! The watchdog: renews a held lock every third of its lease until released or lost.
+//!
+//! A renewal that finds the lock gone marks the hold as lost; so does a Redis that stays
+//! unreachable for a whole lease, since the key has surely expired by then. The sale checks
+//! the mark before it writes. Dropping the [`Renewal`] stops the task, so a sale that ends
+//! without releasing cannot keep its lock alive forever.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep};
+
+use super::LockCx;
+
+pub struct Renewal {
+    lost: Arc<AtomicBool>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Renewal {
+    pub fn start(cx: LockCx, owner: Arc<str>) -> Self {
+        let lost = Arc::new(AtomicBool::new(false));
+        let (stop_tx, stop) = oneshot::channel();
+        tokio::spawn(renew_until_stopped(cx, owner, lost.clone(), stop));
+        Self {
+            lost,
+            _stop: stop_tx,
+        }
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+}
+
+async fn renew_until_stopped(
+    cx: LockCx,
+    owner: Arc<str>,
+    lost: Arc<AtomicBool>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let interval = cx.ttl / 3;
+    let mut last_renewed = Instant::now();
+    loop {
+        tokio::select! {
+            // Fires on release and on drop alike.
+            _ = &mut stop => return,
+            () = sleep(interval) => {}
+        }
+        match super::watchdog::renew(&cx, &owner).await {
+            Ok(true) => {
+                last_renewed = Instant::now();
+                tracing::debug!(%owner, "lock renewed");
+            }
+            Ok(false) => {
+                tracing::warn!(%owner, "lock lost: renewal found it gone or taken");
+                lost.store(true, Ordering::Release);
+                return;
+            }
+            Err(e) if last_renewed.elapsed() >= cx.ttl => {
+                tracing::warn!(%owner, error = %e, "lock lost: could not renew within its lease");
+                lost.store(true, Ordering::Release);
+                return;
+            }
+            Err(e) => tracing::warn!(%owner, error = %e, "renewal failed; retrying"),
+        }
+    }
+}
