@@ -22,7 +22,7 @@ pub const MAX_STOCK: i64 = 1_000_000_000;
 
 pub fn router() -> OpenApiRouter<Arc<AppState>> {
     OpenApiRouter::new()
-        .routes(routes!(sale))
+        .routes(routes!(sale, sale_get))
         .routes(routes!(get_inventory, reset_inventory))
         .routes(routes!(audit))
 }
@@ -72,9 +72,9 @@ impl SaleQuery {
 /// Sell one item
 ///
 /// Takes the lock of the chosen strategy, reads the stock, works for `work_ms`, writes
-/// stock - 1 and records the sale in the ledger. `GET` is accepted too, as in the tutorial.
+/// stock - 1 and records the sale in the ledger.
 #[utoipa::path(
-    method(post, get),
+    post,
     path = "/inventory/sale",
     tag = TAG_SALE,
     params(SaleQuery),
@@ -100,6 +100,30 @@ async fn sale(
         .await
         .map_err(|e| ApiError::Internal(format!("sale task failed: {e}")))??;
     Ok(Json(sold))
+}
+
+/// Sell one item (GET, as in the tutorial)
+///
+/// The same sale as `POST /inventory/sale`, for a browser's address bar and the tutorial's
+/// `curl`. Not idempotent, despite the method.
+#[utoipa::path(
+    get,
+    path = "/inventory/sale",
+    tag = TAG_SALE,
+    params(SaleQuery),
+    responses(
+        (status = 200, description = "One item sold", body = Sold),
+        (status = 400, description = "Unknown strategy or `work_ms` out of range; the message names the valid values", body = ErrorBody),
+        (status = 409, description = "Nothing sold: `sold_out`, `lock_lost` or `stale_fence`", body = ErrorBody),
+        (status = 503, description = "Nothing sold: `lock_timeout` or `redis_unavailable`", body = ErrorBody),
+        (status = 500, description = "Unexpected failure; details are in the service log", body = ErrorBody),
+    )
+)]
+async fn sale_get(
+    state: State<Arc<AppState>>,
+    query: ApiQuery<SaleQuery>,
+) -> Result<Json<Sold>, ApiError> {
+    sale(state, query).await
 }
 
 /// Show the stock

@@ -1,0 +1,312 @@
+//! The HTTP contract: statuses, error bodies, headers, validation, the OpenAPI document.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::{Cluster, InstanceBuilder, RedisServer};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sale_reports_what_it_sold_and_who_sold_it() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(3).await;
+
+    let sold = app.sale("").await;
+    assert_eq!(sold.status, 200, "{sold:?}");
+    assert_eq!(sold.instance.as_deref(), Some("app1"));
+    assert_eq!(sold.body["sold"], true);
+    assert_eq!(sold.body["remaining"], 2);
+    assert_eq!(sold.body["instance"], "app1");
+    assert_eq!(sold.body["strategy"], "fenced", "the configured default");
+    assert!(sold.body["fence"].as_u64().is_some(), "{sold:?}");
+    assert!(!sold.body["order_id"].as_str().unwrap().is_empty());
+
+    let by_get = app.get("/inventory/sale?strategy=v6").await;
+    assert_eq!(by_get.status, 200, "GET works as in the tutorial");
+    assert_eq!(by_get.body["strategy"], "lua-release", "v6 is an alias");
+    assert!(
+        by_get.body.get("fence").is_none(),
+        "no fence without fencing"
+    );
+
+    let inventory = app.get("/inventory").await.body;
+    assert_eq!(
+        (inventory["stock"].as_i64(), inventory["sales"].as_i64()),
+        (Some(1), Some(2))
+    );
+
+    let ledger = inventory::store::Keys::new("001").ledger;
+    let mut c = cluster.redis.conn().await;
+    let entries: Vec<String> = redis::cmd("LRANGE")
+        .arg(&ledger)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let first: Value = serde_json::from_str(&entries[0]).unwrap();
+    assert_eq!(first["order_id"], sold.body["order_id"]);
+    assert_eq!(first["instance"], "app1");
+    assert_eq!(first["remaining"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_left_answers_409_sold_out() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(0).await;
+    for strategy in ["none", "local", "setnx", "fenced", "atomic"] {
+        let reply = app.sale(&format!("strategy={strategy}")).await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (409, "sold_out"),
+            "{strategy}"
+        );
+        assert!(
+            reply.body["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    }
+    assert_eq!(app.audit().await["sales"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_gets_400_naming_the_valid_values_and_changes_nothing() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(10).await;
+    let before = cluster.redis.snapshot().await;
+
+    let unknown = app.sale("strategy=v9").await;
+    assert_eq!((unknown.status, unknown.error_code()), (400, "bad_request"));
+    let message = unknown.body["message"].as_str().unwrap();
+    for name in [
+        "none",
+        "local",
+        "setnx",
+        "setnx-ttl",
+        "owner-check",
+        "lua-release",
+        "reentrant",
+        "watchdog",
+        "fenced",
+        "atomic",
+        "v1",
+        "v8",
+    ] {
+        assert!(message.contains(name), "{name} missing from {message}");
+    }
+
+    for query in [
+        "work_ms=60001",
+        "work_ms=-1",
+        "work_ms=abc",
+        "reenter=maybe",
+    ] {
+        let reply = app.sale(query).await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (400, "bad_request"),
+            "{query}: {reply:?}"
+        );
+    }
+    let range = app.sale("work_ms=60001").await;
+    assert!(
+        range.body["message"].as_str().unwrap().contains("60000"),
+        "{range:?}"
+    );
+
+    for body in [
+        r#"{"stock": -1}"#,
+        r#"{"stock": "abc"}"#,
+        r#"{"stock": 1.5}"#,
+        "{}",
+        "not json",
+        r#"{"stock": 1000000001}"#,
+    ] {
+        let reply = app.put_inventory(body, None).await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (400, "bad_request"),
+            "{body}: {reply:?}"
+        );
+    }
+    assert_eq!(
+        cluster.redis.snapshot().await,
+        before,
+        "a rejected request changed Redis"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_needs_the_admin_token_when_one_is_set() {
+    let cluster = Cluster::start(1, |b| b.env("ADMIN_TOKEN", "s3cret")).await;
+    let app = &cluster.instances[0];
+    assert_eq!(
+        app.put_inventory(r#"{"stock": 5}"#, Some("s3cret"))
+            .await
+            .status,
+        200
+    );
+    let before = cluster.redis.snapshot().await;
+
+    for token in [None, Some("wrong"), Some("s3cre"), Some("s3cret2")] {
+        let reply = app.put_inventory(r#"{"stock": 7}"#, token).await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (401, "unauthorized"),
+            "{token:?}"
+        );
+    }
+    assert_eq!(
+        cluster.redis.snapshot().await,
+        before,
+        "a refused reset changed Redis"
+    );
+    // Sales need no token.
+    assert_eq!(app.sale("").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_restores_stock_and_clears_ledger_fencing_and_lock() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(3).await;
+    app.sale("").await;
+    let keys = inventory::store::Keys::new("001");
+    let mut c = cluster.redis.conn().await;
+    let _: () = redis::cmd("SET")
+        .arg(&keys.lock)
+        .arg("stuck")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+
+    let reply = app.put_inventory(r#"{"stock": 8}"#, None).await;
+    assert_eq!(reply.body["stock"], 8);
+    assert_eq!(reply.body["initial"], 8);
+    assert_eq!(reply.body["sales"], 0);
+    let audit = app.audit().await;
+    assert_eq!(audit["clean"], true, "{audit}");
+    let sold = app.sale("strategy=setnx").await;
+    assert_eq!(sold.status, 200, "the stuck lock was cleared: {sold:?}");
+    assert_eq!(sold.body["remaining"], 7);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_response_names_the_instance_and_errors_are_json() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    for path in [
+        "/health",
+        "/ready",
+        "/strategies",
+        "/inventory",
+        "/inventory/audit",
+        "/nowhere",
+        "/swagger-ui/",
+        "/api-docs/openapi.json",
+    ] {
+        let reply = app.get(path).await;
+        assert_eq!(reply.instance.as_deref(), Some("app1"), "{path}");
+    }
+    let missing = app.get("/nowhere").await;
+    assert_eq!((missing.status, missing.error_code()), (404, "not_found"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_stays_200_and_ready_turns_503_fast_while_redis_is_down() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", 300)
+        .start()
+        .await;
+    assert_eq!(app.get("/ready").await.status, 200);
+    drop(redis);
+
+    assert_eq!(app.get("/health").await.status, 200);
+    let ready = app.get("/ready").await;
+    assert_eq!(
+        (ready.status, ready.error_code()),
+        (503, "redis_unavailable"),
+        "{ready:?}"
+    );
+    let sale = app.sale("").await;
+    assert_eq!(
+        (sale.status, sale.error_code()),
+        (503, "redis_unavailable"),
+        "{sale:?}"
+    );
+    assert!(sale.elapsed < Duration::from_millis(1_500), "{sale:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_openapi_document_lists_every_route_and_describes_every_response() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    let doc = app.get("/api-docs/openapi.json").await.body;
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
+
+    let expected = [
+        ("/inventory/sale", vec!["get", "post"]),
+        ("/inventory", vec!["get", "put"]),
+        ("/inventory/audit", vec!["get"]),
+        ("/strategies", vec!["get"]),
+        ("/health", vec!["get"]),
+        ("/ready", vec!["get"]),
+    ];
+    let paths = doc["paths"].as_object().unwrap();
+    assert_eq!(
+        paths.len(),
+        expected.len(),
+        "{:?}",
+        paths.keys().collect::<Vec<_>>()
+    );
+    for (path, methods) in expected {
+        for method in methods {
+            let op = &paths[path][method];
+            let responses = op["responses"]
+                .as_object()
+                .unwrap_or_else(|| panic!("{method} {path}"));
+            for (status, response) in responses {
+                let description = response["description"].as_str().unwrap_or_default();
+                assert!(
+                    !description.is_empty(),
+                    "{method} {path} {status} has no description"
+                );
+            }
+            assert!(
+                op["summary"].as_str().is_some(),
+                "{method} {path} has no summary"
+            );
+        }
+    }
+    let sale = &paths["/inventory/sale"]["post"];
+    for status in ["200", "400", "409", "503"] {
+        assert!(
+            sale["responses"][status].is_object(),
+            "sale documents {status}"
+        );
+    }
+    let strategy = sale["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "strategy")
+        .unwrap();
+    let allowed = strategy["schema"]["enum"].as_array().unwrap();
+    assert!(allowed.contains(&Value::from("fenced")) && allowed.contains(&Value::from("v8")));
+
+    let page = app.get("/swagger-ui/").await;
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body.as_str().unwrap().contains("swagger-ui"),
+        "{page:?}"
+    );
+}

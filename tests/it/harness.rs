@@ -1,0 +1,335 @@
+//! Real processes for the tests: a `redis-server` and `inventory` instances, each on a free
+//! port, each killed when its handle is dropped. A failure to start puts the process's log
+//! into the panic message.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// A port the OS had free a moment ago. Servers that then fail to bind it are retried.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port on 127.0.0.1")
+}
+
+fn read_log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log at {}: {e})", path.display()))
+}
+
+pub struct RedisServer {
+    child: Child,
+    pub port: u16,
+    _dir: TempDir,
+}
+
+impl RedisServer {
+    pub async fn start() -> Self {
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let port = free_port();
+            let log = dir.path().join("redis.log");
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+                .args(["--appendonly", "no", "--dir"])
+                .arg(dir.path())
+                .arg("--logfile")
+                .arg(&log)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("cannot run redis-server: install it (`make test` does: apt-get install redis-server)");
+            let server = RedisServer {
+                child,
+                port,
+                _dir: dir,
+            };
+            if server.wait_ready(Duration::from_secs(5)).await {
+                return server;
+            }
+            last_log = read_log(&log);
+        }
+        panic!("redis-server did not start; its last log:\n{last_log}");
+    }
+
+    async fn wait_ready(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(mut c) = self.try_conn().await
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok()
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn try_conn(&self) -> redis::RedisResult<MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
+    pub async fn conn(&self) -> MultiplexedConnection {
+        self.try_conn().await.expect("connect to the test redis")
+    }
+
+    /// Every key with its `DUMP`, to show that a request changed nothing.
+    pub async fn snapshot(&self) -> BTreeMap<String, Vec<u8>> {
+        let mut c = self.conn().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let mut out = BTreeMap::new();
+        for key in keys {
+            let dump: Vec<u8> = redis::cmd("DUMP")
+                .arg(&key)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            out.insert(key, dump);
+        }
+        out
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How to start an `inventory` process: every setting is passed explicitly, so the
+/// environment of whoever runs the tests cannot change what they test.
+pub struct InstanceBuilder {
+    name: String,
+    env: BTreeMap<&'static str, String>,
+}
+
+impl InstanceBuilder {
+    pub fn new(redis: &RedisServer, name: &str) -> Self {
+        let mut env = BTreeMap::new();
+        env.insert("REDIS_URL", redis.url());
+        env.insert("INSTANCE_NAME", name.to_owned());
+        env.insert("BIND_ADDR", "127.0.0.1".to_owned());
+        env.insert("LOCK_STRATEGY", "fenced".to_owned());
+        env.insert("LOCK_TTL_MS", "30000".to_owned());
+        env.insert("LOCK_WAIT_MS", "10000".to_owned());
+        env.insert("LOCK_WAIT", "notify".to_owned());
+        env.insert("ITEM_ID", "001".to_owned());
+        env.insert("REDIS_TIMEOUT_MS", "1000".to_owned());
+        env.insert("RELEASE_GAP_MS", "0".to_owned());
+        env.insert("ADMIN_TOKEN", String::new());
+        env.insert("RUST_LOG", "info".to_owned());
+        Self {
+            name: name.to_owned(),
+            env,
+        }
+    }
+
+    pub fn env(mut self, key: &'static str, value: impl ToString) -> Self {
+        self.env.insert(key, value.to_string());
+        self
+    }
+
+    pub async fn start(self) -> Instance {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join(format!("{}.log", self.name));
+        for _ in 0..5 {
+            let port = free_port();
+            let log_file = std::fs::File::create(&log).expect("instance log");
+            let child = Command::new(env!("CARGO_BIN_EXE_inventory"))
+                .env("PORT", port.to_string())
+                .envs(&self.env)
+                .stdout(log_file.try_clone().expect("log handle"))
+                .stderr(log_file)
+                .spawn()
+                .expect("run the inventory binary");
+            let mut instance = Instance {
+                child,
+                port,
+                name: self.name.clone(),
+                log: log.clone(),
+                _dir: None,
+                http: reqwest::Client::new(),
+            };
+            if instance.wait_healthy(Duration::from_secs(10)).await {
+                instance._dir = Some(dir);
+                return instance;
+            }
+        }
+        panic!(
+            "instance {} did not start; its log:\n{}",
+            self.name,
+            read_log(&log)
+        );
+    }
+}
+
+pub struct Instance {
+    child: Child,
+    pub port: u16,
+    pub name: String,
+    log: PathBuf,
+    _dir: Option<TempDir>,
+    http: reqwest::Client,
+}
+
+/// An HTTP answer, reduced to what the tests look at.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub instance: Option<String>,
+    pub body: Value,
+    pub elapsed: Duration,
+}
+
+impl Reply {
+    pub fn error_code(&self) -> &str {
+        self.body["error"].as_str().unwrap_or_default()
+    }
+}
+
+impl Instance {
+    async fn wait_healthy(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return false;
+            }
+            if let Ok(r) = self.http.get(self.url("/health")).send().await
+                && r.status().is_success()
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        read_log(&self.log)
+    }
+
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
+        let started = Instant::now();
+        let response = request.send().await.unwrap_or_else(|e| {
+            panic!(
+                "request to {} failed: {e}\nits log:\n{}",
+                self.name,
+                self.log()
+            )
+        });
+        let status = response.status().as_u16();
+        let instance = response
+            .headers()
+            .get("x-instance")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let text = response.text().await.unwrap_or_default();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Reply {
+            status,
+            instance,
+            body,
+            elapsed: started.elapsed(),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(self.http.get(self.url(path))).await
+    }
+
+    /// `POST /inventory/sale?<query>`
+    pub async fn sale(&self, query: &str) -> Reply {
+        self.send(
+            self.http
+                .post(self.url(&format!("/inventory/sale?{query}"))),
+        )
+        .await
+    }
+
+    /// `PUT /inventory` with a raw JSON body and an optional bearer token.
+    pub async fn put_inventory(&self, body: &str, token: Option<&str>) -> Reply {
+        let mut request = self
+            .http
+            .put(self.url("/inventory"))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        self.send(request).await
+    }
+
+    pub async fn reset(&self, stock: i64) {
+        let reply = self
+            .put_inventory(&format!(r#"{{"stock": {stock}}}"#), None)
+            .await;
+        assert_eq!(reply.status, 200, "reset failed: {reply:?}");
+    }
+
+    pub async fn audit(&self) -> Value {
+        let reply = self.get("/inventory/audit").await;
+        assert_eq!(reply.status, 200, "audit failed: {reply:?}");
+        reply.body
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A Redis server and `n` instances on it, named `app1`, `app2`, ...
+pub struct Cluster {
+    pub redis: RedisServer,
+    pub instances: Vec<Instance>,
+}
+
+impl Cluster {
+    pub async fn start(n: usize, configure: impl Fn(InstanceBuilder) -> InstanceBuilder) -> Self {
+        let redis = RedisServer::start().await;
+        let mut instances = Vec::new();
+        for i in 1..=n {
+            instances.push(
+                configure(InstanceBuilder::new(&redis, &format!("app{i}")))
+                    .start()
+                    .await,
+            );
+        }
+        Self { redis, instances }
+    }
+
+    /// Fires `requests` sales at once, spread round-robin over the instances, and returns
+    /// every reply.
+    pub async fn concurrent_sales(&self, requests: usize, query: &str) -> Vec<Reply> {
+        let sales = (0..requests).map(|i| self.instances[i % self.instances.len()].sale(query));
+        futures_util::future::join_all(sales).await
+    }
+}

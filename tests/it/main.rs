@@ -1,0 +1,9 @@
+//! Integration tests: real `redis-server`, real `inventory` processes.
+
+// A panic is how a test reports a failure.
+#![allow(clippy::unwrap_used)]
+
+mod api;
+mod harness;
+mod lua;
+mod strategies;

@@ -1,0 +1,232 @@
+//! Each strategy against its fault: two instances selling at once, a nested acquire, work
+//! longer than the lease. The races are forced with `work_ms` and short leases.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::{Cluster, Reply};
+
+const STOCK: i64 = 5;
+const REQUESTS: usize = 24;
+/// Long enough that every sale on one instance overlaps one on the other.
+const WORK_MS: u64 = 40;
+
+fn count(replies: &[Reply], status: u16, code: Option<&str>) -> usize {
+    replies
+        .iter()
+        .filter(|r| r.status == status && code.is_none_or(|c| r.error_code() == c))
+        .count()
+}
+
+/// Two instances, `REQUESTS` concurrent sales split between them; returns the audit.
+async fn sell_on_two_instances(strategy: &str) -> (Value, Vec<Reply>) {
+    let cluster = Cluster::start(2, |b| b).await;
+    cluster.instances[0].reset(STOCK).await;
+    let replies = cluster
+        .concurrent_sales(REQUESTS, &format!("strategy={strategy}&work_ms={WORK_MS}"))
+        .await;
+    let audit = cluster.instances[1].audit().await;
+    (audit, replies)
+}
+
+async fn assert_oversells(strategy: &str) {
+    let (audit, replies) = sell_on_two_instances(strategy).await;
+    let sold = count(&replies, 200, None);
+    assert!(
+        audit["oversold"].as_i64().unwrap() > 0,
+        "{strategy} did not oversell: {audit}"
+    );
+    assert!(
+        !audit["duplicates"].as_array().unwrap().is_empty(),
+        "{audit}"
+    );
+    assert_eq!(
+        audit["sales"].as_i64().unwrap(),
+        sold as i64,
+        "ledger vs 200s: {audit}"
+    );
+    assert_eq!(
+        sold + count(&replies, 409, Some("sold_out")),
+        REQUESTS,
+        "{replies:?}"
+    );
+}
+
+async fn assert_sells_exactly_the_stock(strategy: &str) {
+    let (audit, replies) = sell_on_two_instances(strategy).await;
+    assert_eq!(
+        count(&replies, 200, None),
+        STOCK as usize,
+        "{strategy}: {replies:?}"
+    );
+    assert_eq!(
+        count(&replies, 409, Some("sold_out")),
+        REQUESTS - STOCK as usize,
+        "{replies:?}"
+    );
+    assert_eq!(audit["remaining"], 0, "{audit}");
+    assert_eq!(audit["sales"], STOCK, "{audit}");
+    assert_eq!(audit["clean"], true, "{strategy}: {audit}");
+    let instances: std::collections::BTreeSet<_> =
+        replies.iter().filter_map(|r| r.instance.clone()).collect();
+    assert_eq!(instances.len(), 2, "both instances answered");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn none_oversells_across_two_instances() {
+    assert_oversells("none").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_oversells_across_two_instances() {
+    assert_oversells("local").await;
+}
+
+macro_rules! sells_exactly_the_stock {
+    ($($test:ident => $strategy:literal),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $test() {
+            assert_sells_exactly_the_stock($strategy).await;
+        }
+    )*};
+}
+
+sells_exactly_the_stock! {
+    setnx_sells_exactly_the_stock_across_two_instances => "setnx",
+    setnx_ttl_sells_exactly_the_stock_across_two_instances => "setnx-ttl",
+    owner_check_sells_exactly_the_stock_across_two_instances => "owner-check",
+    lua_release_sells_exactly_the_stock_across_two_instances => "lua-release",
+    reentrant_sells_exactly_the_stock_across_two_instances => "reentrant",
+    watchdog_sells_exactly_the_stock_across_two_instances => "watchdog",
+    fenced_sells_exactly_the_stock_across_two_instances => "fenced",
+    atomic_sells_exactly_the_stock_across_two_instances => "atomic",
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spin_waiting_sells_exactly_the_stock_too() {
+    let cluster = Cluster::start(2, |b| b.env("LOCK_WAIT", "spin")).await;
+    cluster.instances[0].reset(STOCK).await;
+    let replies = cluster
+        .concurrent_sales(12, "strategy=lua-release&work_ms=20")
+        .await;
+    assert_eq!(count(&replies, 200, None), STOCK as usize);
+    assert_eq!(cluster.instances[0].audit().await["clean"], true);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_on_a_single_instance_never_oversells() {
+    let cluster = Cluster::start(1, |b| b).await;
+    cluster.instances[0].reset(STOCK).await;
+    let replies = cluster
+        .concurrent_sales(REQUESTS, "strategy=local&work_ms=20")
+        .await;
+    assert_eq!(count(&replies, 200, None), STOCK as usize);
+    let audit = cluster.instances[0].audit().await;
+    assert_eq!(audit["clean"], true, "{audit}");
+    assert_eq!(audit["remaining"], 0);
+}
+
+const WAIT_BUDGET_MS: u64 = 400;
+
+/// Walks the strategy table: a nested acquire succeeds exactly where the table says the
+/// strategy is reentrant, and otherwise times out within the budget and frees the lock.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nested_acquire_succeeds_only_on_reentrant_strategies() {
+    let cluster = Cluster::start(1, |b| b.env("LOCK_WAIT_MS", WAIT_BUDGET_MS)).await;
+    let app = &cluster.instances[0];
+    app.reset(100).await;
+    let table = app.get("/strategies").await.body;
+    let strategies = table["strategies"].as_array().unwrap();
+    assert_eq!(strategies.len(), 10);
+    for info in strategies {
+        let name = info["name"].as_str().unwrap();
+        let nested = app.sale(&format!("strategy={name}&reenter=true")).await;
+        if info["reentrant"] == true {
+            assert_eq!(nested.status, 200, "{name}: {nested:?}");
+        } else {
+            assert_eq!(
+                (nested.status, nested.error_code()),
+                (503, "lock_timeout"),
+                "{name}: {nested:?}"
+            );
+            assert!(
+                nested.elapsed >= Duration::from_millis(WAIT_BUDGET_MS)
+                    && nested.elapsed < Duration::from_millis(WAIT_BUDGET_MS + 1_500),
+                "{name} waited {:?} on a {WAIT_BUDGET_MS} ms budget",
+                nested.elapsed
+            );
+        }
+        // Whatever the nested acquire did, the outer lock was released.
+        let next = app.sale(&format!("strategy={name}")).await;
+        assert_eq!(next.status, 200, "{name} left its lock behind: {next:?}");
+        assert!(
+            next.elapsed < Duration::from_millis(WAIT_BUDGET_MS),
+            "{name}: {next:?}"
+        );
+    }
+    let reentrant: Vec<_> = strategies
+        .iter()
+        .filter(|i| i["reentrant"] == true)
+        .filter_map(|i| i["name"].as_str())
+        .collect();
+    for name in ["reentrant", "watchdog", "fenced"] {
+        assert!(reentrant.contains(&name), "{name} must be reentrant");
+    }
+    assert!(!reentrant.contains(&"lua-release"));
+    assert_eq!(app.audit().await["clean"], true);
+}
+
+const SHORT_TTL_MS: u64 = 300;
+const LONG_WORK_MS: u64 = 3 * SHORT_TTL_MS;
+
+/// A sale on app1 works three leases long; a second sale on app2 starts while it holds the
+/// lock. Returns the audit and both replies.
+async fn work_longer_than_the_lease(strategy: &str) -> (Value, Reply, Reply) {
+    let cluster = Cluster::start(2, |b| b.env("LOCK_TTL_MS", SHORT_TTL_MS)).await;
+    let (slow_app, fast_app) = (&cluster.instances[0], &cluster.instances[1]);
+    slow_app.reset(2).await;
+    let slow_query = format!("strategy={strategy}&work_ms={LONG_WORK_MS}");
+    let slow = slow_app.sale(&slow_query);
+    let fast = async {
+        tokio::time::sleep(Duration::from_millis(SHORT_TTL_MS / 3)).await;
+        fast_app.sale(&format!("strategy={strategy}")).await
+    };
+    let (slow, fast) = tokio::join!(slow, fast);
+    (slow_app.audit().await, slow, fast)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reentrant_loses_its_lock_to_work_longer_than_the_ttl() {
+    let (audit, slow, fast) = work_longer_than_the_lease("reentrant").await;
+    assert_eq!((slow.status, fast.status), (200, 200));
+    assert!(
+        fast.elapsed < Duration::from_millis(LONG_WORK_MS - SHORT_TTL_MS / 3),
+        "the second sale got in before the first finished: {fast:?}"
+    );
+    assert!(audit["lost_updates"].as_i64().unwrap() > 0, "{audit}");
+    assert_eq!(audit["clean"], false, "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watchdog_keeps_its_lock_through_work_longer_than_the_ttl() {
+    let (audit, slow, fast) = work_longer_than_the_lease("watchdog").await;
+    assert_eq!((slow.status, fast.status), (200, 200), "{slow:?} {fast:?}");
+    assert_eq!(audit["remaining"], 0, "{audit}");
+    assert_eq!(audit["clean"], true, "{audit}");
+    assert!(
+        fast.elapsed >= Duration::from_millis(LONG_WORK_MS - SHORT_TTL_MS),
+        "{fast:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fenced_keeps_its_lock_through_work_longer_than_the_ttl() {
+    let (audit, slow, fast) = work_longer_than_the_lease("fenced").await;
+    assert_eq!((slow.status, fast.status), (200, 200), "{slow:?} {fast:?}");
+    assert_eq!(audit["clean"], true, "{audit}");
+    assert!(
+        fast.body["fence"].as_u64() > slow.body["fence"].as_u64(),
+        "{slow:?} {fast:?}"
+    );
+}
