@@ -1,16 +1,51 @@
-# The two commands a newcomer needs: `make test` (and, once the stack lands, `make demo`).
+# The two commands a newcomer needs: `make demo` and `make test`.
 SHELL := /bin/bash
 CARGO ?= cargo
 VENV := .venv
 PYTHON ?= python3
+NGINX_PORT ?= 8080
+LOADTEST_ARGS ?= --stock 100 --requests 1000 --concurrency 64
+REPORT ?= run/report.html
 
-.PHONY: test deps fmt-check lint unit openapi-check run openapi
+.PHONY: test deps stack-deps fmt-check lint unit openapi-check run openapi release up down status demo
+
+## demo: install redis-server and nginx if missing, build, start the native stack, load-test every strategy
+demo: stack-deps up
+	@echo
+	@echo "== load test: every strategy, through nginx on port $(NGINX_PORT) =="
+	@status=0; target/release/loadtest --target http://127.0.0.1:$(NGINX_PORT) --strategy all \
+		$(LOADTEST_ARGS) --report $(REPORT) || status=$$?; \
+	echo; \
+	echo "The stack is still running:"; \
+	echo "  curl -si -X POST 'http://127.0.0.1:$(NGINX_PORT)/inventory/sale?strategy=local'   # see X-Instance alternate"; \
+	echo "  curl -s http://127.0.0.1:$(NGINX_PORT)/inventory/audit"; \
+	echo "  Swagger UI:  http://127.0.0.1:$(NGINX_PORT)/swagger-ui/"; \
+	echo "  HTML report: $(REPORT)"; \
+	echo "Stop it with: make down"; \
+	exit $$status
 
 ## test: install what the tests need, then formatting, lints, every test, OpenAPI validation
 test: deps fmt-check lint unit openapi-check
 
 deps:
-	@scripts/ensure-deps.sh redis-server:redis-server
+	@scripts/ensure-deps.sh redis-server:redis-server nginx:nginx curl:curl docker-compose:docker-compose
+
+stack-deps:
+	@scripts/ensure-deps.sh redis-server:redis-server nginx:nginx curl:curl
+
+release:
+	$(CARGO) build --release --workspace --bins
+
+## up: start redis-server, two instances and nginx on 127.0.0.1 (run/ holds pids and logs)
+up: stack-deps release
+	@scripts/stack.sh up
+
+## down: stop exactly the processes `make up` started
+down:
+	@scripts/stack.sh down
+
+status:
+	@scripts/stack.sh status
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

@@ -234,6 +234,15 @@ impl Instance {
         read_log(&self.log)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Collects a process that was killed from outside.
+    pub fn reap(&mut self) {
+        let _ = self.child.wait();
+    }
+
     pub async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
         let started = Instant::now();
         let response = request.send().await.unwrap_or_else(|e| {
@@ -331,5 +340,118 @@ impl Cluster {
     pub async fn concurrent_sales(&self, requests: usize, query: &str) -> Vec<Reply> {
         let sales = (0..requests).map(|i| self.instances[i % self.instances.len()].sale(query));
         futures_util::future::join_all(sales).await
+    }
+}
+
+/// A real nginx in front of the instances, rendered from the native stack's template.
+pub struct Nginx {
+    child: Child,
+    pub port: u16,
+    dir: TempDir,
+}
+
+impl Nginx {
+    pub async fn start(upstreams: [u16; 2]) -> Self {
+        let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .expect("nginx is not installed (`make test` installs it: apt-get install nginx)");
+        let template = std::fs::read_to_string(repo_path("nginx/nginx.native.conf.template"))
+            .expect("nginx template");
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            std::fs::create_dir_all(dir.path().join("nginx-tmp")).expect("nginx temp dir");
+            let port = free_port();
+            let conf = template
+                .replace("@RUN_DIR@", &dir.path().display().to_string())
+                .replace("@CONF_DIR@", &repo_path("nginx").display().to_string())
+                .replace("@NGINX_PORT@", &port.to_string())
+                .replace("@APP1_PORT@", &upstreams[0].to_string())
+                .replace("@APP2_PORT@", &upstreams[1].to_string());
+            let conf_path = dir.path().join("nginx.conf");
+            std::fs::write(&conf_path, conf).expect("write nginx.conf");
+            let error_log = dir.path().join("nginx-error.log");
+            let child = Command::new(nginx)
+                .arg("-e")
+                .arg(&error_log)
+                .arg("-p")
+                .arg(dir.path())
+                .arg("-c")
+                .arg(&conf_path)
+                .args(["-g", "daemon off;"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("run nginx");
+            let mut server = Nginx { child, port, dir };
+            if server.wait_listening(Duration::from_secs(5)).await {
+                return server;
+            }
+            last_log = read_log(&error_log);
+        }
+        panic!("nginx did not start; its error log:\n{last_log}");
+    }
+
+    async fn wait_listening(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return false;
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn access_log(&self) -> String {
+        read_log(&self.dir.path().join("nginx-access.log"))
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+/// The whole stack: Redis, two instances, nginx in front.
+pub struct Stack {
+    pub cluster: Cluster,
+    pub nginx: Nginx,
+    pub http: reqwest::Client,
+}
+
+impl Stack {
+    pub async fn start(configure: impl Fn(InstanceBuilder) -> InstanceBuilder) -> Self {
+        let cluster = Cluster::start(2, configure).await;
+        let nginx = Nginx::start([cluster.instances[0].port, cluster.instances[1].port]).await;
+        Self {
+            cluster,
+            nginx,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// `Instance`'s helpers, aimed at nginx instead of one instance.
+    pub async fn get(&self, path: &str) -> Reply {
+        self.cluster.instances[0]
+            .send(self.http.get(format!("{}{path}", self.nginx.url())))
+            .await
     }
 }

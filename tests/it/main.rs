@@ -6,4 +6,5 @@
 mod api;
 mod harness;
 mod lua;
+mod stack;
 mod strategies;

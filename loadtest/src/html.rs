@@ -1,0 +1,208 @@
+//! A self-contained HTML report: inline SVG charts, no scripts, nothing fetched, so it opens
+//! the same on a machine without a network.
+
+use std::fmt::Write;
+
+use crate::{Plan, StrategyReport, Verdict};
+
+const SAFE: &str = "#2f855a";
+const BAD: &str = "#c53030";
+const STOCK: &str = "#a0aec0";
+
+pub fn render(plan: &Plan, reports: &[StrategyReport]) -> String {
+    let mut page = String::new();
+    let _ = write!(
+        page,
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>inventory load test</title>
+<style>
+body {{ font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 980px; color: #1a202c; padding: 0 1rem; }}
+h1 {{ font-size: 1.5rem; margin-bottom: .2rem; }} .sub {{ color: #4a5568; margin-top: 0; }}
+h2 {{ font-size: 1.1rem; margin-top: 2.2rem; }}
+table {{ border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }}
+th, td {{ padding: .3rem .5rem; border-bottom: 1px solid #e2e8f0; text-align: right; }}
+th:first-child, td:first-child {{ text-align: left; }}
+.SAFE {{ color: {SAFE}; font-weight: 600; }} .OVERSOLD {{ color: {BAD}; font-weight: 600; }}
+svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
+.legend span {{ display: inline-block; width: .8rem; height: .8rem; margin: 0 .3rem 0 1rem; vertical-align: -1px; }}
+</style></head><body>
+<h1>inventory load test</h1>
+<p class="sub">{requests} sales requested per strategy against a stock of {stock}, {concurrency} at a time,
+{work} ms of work inside the lock, through <code>{target}</code>.</p>
+"#,
+        requests = plan.requests,
+        stock = plan.stock,
+        concurrency = plan.concurrency,
+        work = plan.work_ms,
+        target = escape(&plan.target),
+    );
+
+    let _ = write!(
+        page,
+        r#"<h2>Items sold against the stock</h2>
+<p class="legend"><span style="background:{STOCK}"></span>stock<span style="background:{SAFE}"></span>sold, safe<span style="background:{BAD}"></span>sold, oversold</p>
+"#
+    );
+    let max_sold = reports
+        .iter()
+        .map(|r| r.sold.max(r.stock.max(0) as u64))
+        .max()
+        .unwrap_or(1);
+    page.push_str(&bars(reports, max_sold as f64, |r| {
+        vec![
+            (
+                r.stock.max(0) as f64,
+                STOCK.to_owned(),
+                format!("stock {}", r.stock),
+            ),
+            (
+                r.sold as f64,
+                verdict_color(r).to_owned(),
+                format!("{} sold", r.sold),
+            ),
+        ]
+    }));
+
+    page.push_str("<h2>Throughput (requests per second)</h2>\n");
+    let max_rps = reports.iter().map(|r| r.throughput_rps).fold(1.0, f64::max);
+    page.push_str(&bars(reports, max_rps, |r| {
+        vec![(
+            r.throughput_rps,
+            "#3182ce".to_owned(),
+            format!("{:.0} req/s", r.throughput_rps),
+        )]
+    }));
+
+    page.push_str(
+        r##"<h2>Latency (ms)</h2>
+<p class="legend"><span style="background:#90cdf4"></span>p50<span style="background:#3182ce"></span>p99<span style="background:#1a365d"></span>max</p>
+"##,
+    );
+    let max_latency = reports.iter().map(|r| r.latency_ms.max).fold(1.0, f64::max);
+    page.push_str(&bars(reports, max_latency, |r| {
+        vec![
+            (
+                r.latency_ms.p50,
+                "#90cdf4".to_owned(),
+                format!("p50 {:.1}", r.latency_ms.p50),
+            ),
+            (
+                r.latency_ms.p99,
+                "#3182ce".to_owned(),
+                format!("p99 {:.1}", r.latency_ms.p99),
+            ),
+            (
+                r.latency_ms.max,
+                "#1a365d".to_owned(),
+                format!("max {:.1}", r.latency_ms.max),
+            ),
+        ]
+    }));
+
+    page.push_str(
+        "<h2>Numbers</h2>\n<table><tr><th>strategy</th><th>sold</th><th>sold out</th><th>refused</th>\
+         <th>errors</th><th>oversold</th><th>lost updates</th><th>duplicates</th><th>split</th>\
+         <th>req/s</th><th>p50</th><th>p90</th><th>p99</th><th>verdict</th></tr>\n",
+    );
+    for r in reports {
+        let split = r
+            .instances
+            .iter()
+            .map(|(name, n)| format!("{}: {n}", escape(name)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let verdict = r.verdict;
+        let _ = writeln!(
+            page,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{split}</td><td>{:.0}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td>\
+             <td class=\"{verdict}\">{verdict}</td></tr>",
+            escape(&r.strategy),
+            r.sold,
+            r.sold_out,
+            r.refused,
+            r.errors,
+            r.oversold,
+            r.lost_updates,
+            r.duplicates,
+            r.throughput_rps,
+            r.latency_ms.p50,
+            r.latency_ms.p90,
+            r.latency_ms.p99,
+        );
+    }
+    page.push_str("</table>\n");
+    for r in reports.iter().filter(|r| r.disagreement.is_some()) {
+        let _ = writeln!(
+            page,
+            "<p><b>{}</b>: {}</p>",
+            escape(&r.strategy),
+            escape(r.disagreement.as_deref().unwrap_or_default())
+        );
+    }
+    page.push_str("</body></html>\n");
+    page
+}
+
+fn verdict_color(r: &StrategyReport) -> &'static str {
+    if r.verdict == Verdict::Safe {
+        SAFE
+    } else {
+        BAD
+    }
+}
+
+/// Horizontal bars, one group per strategy, one bar per series.
+fn bars(
+    reports: &[StrategyReport],
+    max: f64,
+    series: impl Fn(&StrategyReport) -> Vec<(f64, String, String)>,
+) -> String {
+    const LABEL: f64 = 110.0;
+    const WIDTH: f64 = 940.0;
+    const BAR: f64 = 14.0;
+    let usable = WIDTH - LABEL - 120.0;
+    let groups: Vec<_> = reports.iter().map(|r| (r, series(r))).collect();
+    let height: f64 = groups
+        .iter()
+        .map(|(_, s)| s.len() as f64 * (BAR + 2.0) + 10.0)
+        .sum();
+    let mut svg = format!(
+        r#"<svg width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" role="img">"#
+    );
+    let mut y = 0.0;
+    for (report, bars) in groups {
+        let group_height = bars.len() as f64 * (BAR + 2.0);
+        let _ = write!(
+            svg,
+            r#"<text x="0" y="{:.1}">{}</text>"#,
+            y + group_height / 2.0 + 4.0,
+            escape(&report.strategy)
+        );
+        for (value, color, label) in bars {
+            let w = if max > 0.0 {
+                (value / max * usable).max(1.0)
+            } else {
+                1.0
+            };
+            let _ = write!(
+                svg,
+                r#"<rect x="{LABEL}" y="{y:.1}" width="{w:.1}" height="{BAR}" fill="{color}"><title>{label}</title></rect><text x="{:.1}" y="{:.1}">{}</text>"#,
+                LABEL + w + 6.0,
+                y + BAR - 3.0,
+                escape(&label)
+            );
+            y += BAR + 2.0;
+        }
+        y += 10.0;
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}

@@ -1,0 +1,121 @@
+//! `loadtest`: resets the stock, fires the sales, reads the audit, for each strategy; prints
+//! a comparison and exits 2 when a strategy that should be safe oversold.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use inventory::lock::Strategy;
+use loadtest::{LoadTest, Plan, StrategyReport, html, table};
+
+/// Load test of the inventory service, strategy by strategy.
+#[derive(Debug, Parser)]
+#[command(name = "loadtest", version, about)]
+struct Args {
+    /// Base URL of nginx (or of one instance).
+    #[arg(long, env = "LOADTEST_TARGET", default_value = "http://127.0.0.1:8080")]
+    target: String,
+    /// `all`, or a comma-separated list of strategy names or aliases.
+    #[arg(long, default_value = "all")]
+    strategy: String,
+    /// Stock to start each strategy with.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(0..=1_000_000_000))]
+    stock: i64,
+    /// Sales to attempt per strategy.
+    #[arg(long, default_value_t = 1000)]
+    requests: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    concurrency: u64,
+    /// Business time inside the lock, per sale (0..=60000 ms).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    work_ms: u64,
+    /// Print one JSON object per strategy instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write an HTML report with charts to this file.
+    #[arg(long, value_name = "FILE.html")]
+    report: Option<std::path::PathBuf>,
+    /// Bearer token for the stock reset, when the service has one.
+    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+}
+
+fn parse_strategies(list: &str) -> Result<Vec<Strategy>, String> {
+    if list.trim().eq_ignore_ascii_case("all") {
+        return Ok(Strategy::ALL.to_vec());
+    }
+    list.split(',').map(str::parse).collect()
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(reports) if reports.iter().any(StrategyReport::is_unexpected_oversell) => {
+            ExitCode::from(2)
+        }
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loadtest: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
+    let strategies = parse_strategies(&args.strategy).map_err(anyhow::Error::msg)?;
+    let plan = Plan {
+        target: args.target,
+        strategies,
+        stock: args.stock,
+        requests: args.requests,
+        concurrency: args.concurrency as usize,
+        work_ms: args.work_ms,
+        admin_token: args.admin_token.filter(|t| !t.is_empty()),
+    };
+    let load = LoadTest::new(plan.clone())?;
+    let interactive = !args.json && std::io::stderr().is_terminal();
+    let mut reports = Vec::new();
+    for &strategy in &plan.strategies {
+        let bar = interactive.then(|| progress_bar(strategy, plan.requests as u64));
+        let tick = bar
+            .clone()
+            .map(|b| Arc::new(move || b.inc(1)) as loadtest::Progress);
+        let report = load.run_strategy(strategy, tick).await?;
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else if !interactive {
+            eprintln!(
+                "{}: {} sold, {}",
+                report.strategy, report.sold, report.verdict
+            );
+        }
+        reports.push(report);
+    }
+    if !args.json {
+        println!("{}", table::render(&reports));
+    }
+    if let Some(path) = &args.report {
+        std::fs::write(path, html::render(&plan, &reports))?;
+        if !args.json {
+            println!("\nHTML report: {}", path.display());
+        }
+    }
+    Ok(reports)
+}
+
+fn progress_bar(strategy: Strategy, total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {per_sec}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(strategy.name());
+    bar
+}

@@ -1,0 +1,338 @@
+//! The whole stack: real nginx in front of two real instances, the load test through it,
+//! an instance killed under load, the native stack's scripts and the compose file.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use inventory::lock::Strategy;
+use loadtest::{LoadTest, Plan, StrategyReport, Verdict};
+
+use crate::harness::{Stack, free_port, repo_path};
+
+fn plan(stack: &Stack, strategy: Strategy, stock: i64, requests: usize, work_ms: u64) -> Plan {
+    Plan {
+        target: stack.nginx.url(),
+        strategies: vec![strategy],
+        stock,
+        requests,
+        concurrency: 16,
+        work_ms,
+        admin_token: None,
+    }
+}
+
+async fn load(
+    stack: &Stack,
+    name: &str,
+    stock: i64,
+    requests: usize,
+    work_ms: u64,
+) -> StrategyReport {
+    let strategy: Strategy = name.parse().unwrap();
+    let load = LoadTest::new(plan(stack, strategy, stock, requests, work_ms)).unwrap();
+    load.run_strategy(strategy, None).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn responses_through_nginx_alternate_between_the_two_instances() {
+    let stack = Stack::start(|b| b).await;
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let reply = stack.get("/health").await;
+        assert_eq!(reply.status, 200);
+        seen.push(reply.instance.unwrap());
+    }
+    for pair in seen.windows(2) {
+        assert_ne!(pair[0], pair[1], "round robin should alternate: {seen:?}");
+    }
+    assert_eq!(seen.iter().collect::<BTreeSet<_>>().len(), 2, "{seen:?}");
+    let log = stack.nginx.access_log();
+    assert!(
+        log.contains("upstream=127.0.0.1:") && log.contains("upstream_time="),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn through_nginx_local_oversells_and_the_report_agrees_with_the_audit() {
+    let stack = Stack::start(|b| b).await;
+    let report = load(&stack, "local", 20, 120, 5).await;
+    assert_eq!(report.verdict, Verdict::Oversold, "{report:#?}");
+    assert!(report.oversold > 0, "{report:#?}");
+    assert!(
+        !report.is_unexpected_oversell(),
+        "local is expected to oversell"
+    );
+    assert_eq!(
+        report.instances.len(),
+        2,
+        "both instances sold: {report:#?}"
+    );
+    assert_agrees_with_the_audit(&stack, &report).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn through_nginx_fenced_and_atomic_sell_exactly_the_stock() {
+    let stack = Stack::start(|b| b).await;
+    for name in ["fenced", "atomic"] {
+        let report = load(&stack, name, 30, 120, 1).await;
+        assert_eq!(report.verdict, Verdict::Safe, "{report:#?}");
+        assert_eq!(
+            (report.sold, report.sold_out, report.errors),
+            (30, 90, 0),
+            "{report:#?}"
+        );
+        assert_eq!(
+            (report.oversold, report.lost_updates, report.duplicates),
+            (0, 0, 0)
+        );
+        assert_eq!(report.remaining, 0);
+        assert_agrees_with_the_audit(&stack, &report).await;
+        // What `--json` prints is this struct, and it reads back the same.
+        let line = serde_json::to_string(&report).unwrap();
+        assert_eq!(
+            serde_json::from_str::<StrategyReport>(&line).unwrap(),
+            report
+        );
+    }
+}
+
+async fn assert_agrees_with_the_audit(stack: &Stack, report: &StrategyReport) {
+    let audit = stack.get("/inventory/audit").await.body;
+    assert!(report.agrees, "{report:#?}");
+    assert_eq!(
+        audit["sales"].as_u64(),
+        Some(report.sold),
+        "{audit} vs {report:#?}"
+    );
+    assert_eq!(audit["oversold"].as_i64(), Some(report.oversold));
+    assert_eq!(audit["lost_updates"].as_i64(), Some(report.lost_updates));
+    assert_eq!(audit["remaining"].as_i64(), Some(report.remaining));
+    assert_eq!(
+        audit["duplicates"].as_array().map(Vec::len),
+        Some(report.duplicates as usize)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_an_instance_under_load_loses_no_sale_and_sells_none_twice() {
+    // A short lease, so a lock held by the killed instance frees itself quickly.
+    let mut stack = Stack::start(|b| b.env("LOCK_TTL_MS", 1_000)).await;
+    let victim_pid = stack.cluster.instances[1].pid();
+    let victim = stack.cluster.instances[1].name.clone();
+    let strategy = Strategy::Redis(inventory::lock::RedisLock::Fenced);
+    let load = LoadTest::new(plan(&stack, strategy, 150, 400, 2)).unwrap();
+
+    // Kill the instance once a quarter of the requests are done: by count, not by clock.
+    let done = Arc::new(AtomicUsize::new(0));
+    let tick = {
+        let done = done.clone();
+        Arc::new(move || {
+            if done.fetch_add(1, Ordering::SeqCst) + 1 == 100 {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &victim_pid.to_string()])
+                    .status();
+            }
+        })
+    };
+    let report = load.run_strategy(strategy, Some(tick)).await.unwrap();
+    stack.cluster.instances[1].reap();
+
+    let audit = stack.get("/inventory/audit").await.body;
+    assert_eq!(audit["oversold"], 0, "{audit}");
+    assert_eq!(audit["lost_updates"], 0, "{audit}");
+    assert_eq!(
+        audit["duplicates"].as_array().map(Vec::len),
+        Some(0),
+        "{audit}"
+    );
+    assert_eq!(
+        audit["remaining"], 0,
+        "the surviving instance sold the rest: {audit}"
+    );
+    let recorded = audit["sales"].as_u64().unwrap();
+    assert!(
+        report.sold <= recorded && recorded <= report.sold + report.errors,
+        "every sale the clients saw is recorded once, and only requests that died with the \
+         instance may have sold unseen: {report:#?}"
+    );
+    assert!(
+        report.errors <= 16,
+        "only requests in flight at the kill may fail: {report:#?}"
+    );
+    let survivor = &stack.cluster.instances[0].name;
+    assert!(
+        report.instances.get(survivor).copied().unwrap_or(0)
+            > report.instances.get(&victim).copied().unwrap_or(0),
+        "{report:#?}"
+    );
+}
+
+fn stack_script(run_dir: &std::path::Path, ports: [u16; 4], verb: &str) -> std::process::Output {
+    Command::new(repo_path("scripts/stack.sh"))
+        .arg(verb)
+        .env("RUN_DIR", run_dir)
+        .env("REDIS_PORT", ports[0].to_string())
+        .env("APP1_PORT", ports[1].to_string())
+        .env("APP2_PORT", ports[2].to_string())
+        .env("NGINX_PORT", ports[3].to_string())
+        .env("INVENTORY_BIN", env!("CARGO_BIN_EXE_inventory"))
+        .output()
+        .expect("run scripts/stack.sh")
+}
+
+fn listening(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+/// Running, as opposed to gone or a zombie waiting for its adopter to reap it.
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_native_stack_starts_twice_harmlessly_and_stops_without_leftovers() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port(), free_port(), free_port()];
+
+    let first = stack_script(run_dir.path(), ports, "up");
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(first.status.success(), "{}", text(&first));
+    let pids: Vec<String> = ["redis", "app1", "app2", "nginx"]
+        .iter()
+        .map(|s| std::fs::read_to_string(run_dir.path().join(format!("{s}.pid"))).unwrap())
+        .map(|p| p.trim().to_owned())
+        .collect();
+    assert!(pids.iter().all(|p| alive(p)), "{pids:?}");
+    let through_nginx = reqwest::get(format!("http://127.0.0.1:{}/ready", ports[3]))
+        .await
+        .unwrap();
+    assert_eq!(through_nginx.status(), 200);
+
+    let second = stack_script(run_dir.path(), ports, "up");
+    assert!(second.status.success(), "{}", text(&second));
+    assert_eq!(
+        text(&second).matches("already running").count(),
+        4,
+        "{}",
+        text(&second)
+    );
+
+    let down = stack_script(run_dir.path(), ports, "down");
+    assert!(down.status.success(), "{}", text(&down));
+    for pid in &pids {
+        assert!(!alive(pid), "pid {pid} survived `down`");
+    }
+    for port in ports {
+        assert!(!listening(port), "port {port} still taken after `down`");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_native_stack_refuses_to_start_on_a_taken_port() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = squatter.local_addr().unwrap().port();
+    let ports = [free_port(), free_port(), free_port(), taken];
+
+    let up = stack_script(run_dir.path(), ports, "up");
+    let stderr = String::from_utf8_lossy(&up.stderr);
+    assert!(!up.status.success());
+    assert!(
+        stderr.contains(&format!("port {taken}")) && stderr.contains("taken"),
+        "{stderr}"
+    );
+    for port in &ports[..3] {
+        assert!(
+            !listening(*port),
+            "nothing was started before the check failed"
+        );
+    }
+}
+
+fn compose_config() -> serde_yaml::Value {
+    let output = Command::new("docker-compose")
+        .current_dir(repo_path(""))
+        .args(["--env-file", ".env.example", "config"])
+        .output()
+        .expect("docker-compose is not installed (`make test` installs it)");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_yaml::from_slice(&output.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_compose_file_validates_offline_and_agrees_with_the_native_stack() {
+    let quiet = Command::new("docker-compose")
+        .current_dir(repo_path(""))
+        .args(["--env-file", ".env.example", "config", "-q"])
+        .status()
+        .expect("docker-compose");
+    assert!(quiet.success());
+    let config = compose_config();
+    let services = &config["services"];
+
+    // Every variable the compose file gives an instance is one the binary reads.
+    let help = Command::new(env!("CARGO_BIN_EXE_inventory"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let script = std::fs::read_to_string(repo_path("scripts/stack.sh")).unwrap();
+    for (app, port) in [("app1", "7777"), ("app2", "8888")] {
+        let env = services[app]["environment"].as_mapping().unwrap();
+        for key in env.keys() {
+            let key = key.as_str().unwrap();
+            assert!(
+                help.contains(&format!("[env: {key}")),
+                "{app} sets {key}, unknown to inventory"
+            );
+        }
+        assert_eq!(env["PORT"].as_str(), Some(port));
+        assert_eq!(env["INSTANCE_NAME"].as_str(), Some(app));
+        let default = format!(
+            "{}_PORT=${{{}_PORT:-{port}}}",
+            app.to_uppercase(),
+            app.to_uppercase()
+        );
+        assert!(
+            script.contains(&default),
+            "the native stack puts {app} on {port} too"
+        );
+        assert!(
+            env["REDIS_URL"]
+                .as_str()
+                .unwrap()
+                .contains("change-me-redis-password@redis"),
+            "instances authenticate to Redis"
+        );
+    }
+    // The variables the native stack sets are the binary's as well.
+    for key in ["PORT", "BIND_ADDR", "INSTANCE_NAME", "REDIS_URL"] {
+        assert!(script.contains(&format!("{key}=")) && help.contains(&format!("[env: {key}")));
+    }
+    let published = services["nginx"]["ports"][0].clone();
+    let published = serde_yaml::to_string(&published).unwrap();
+    assert!(published.contains("8080"), "{published}");
+    assert!(script.contains("NGINX_PORT=${NGINX_PORT:-8080}"));
+    assert!(
+        services["redis"].get("ports").is_none(),
+        "Redis must not be published"
+    );
+    let nginx = std::fs::read_to_string(repo_path("nginx/nginx.conf")).unwrap();
+    assert!(nginx.contains("server app1:7777;") && nginx.contains("server app2:8888;"));
+}
