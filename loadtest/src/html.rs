@@ -168,7 +168,7 @@ fn bars(
         .map(|(_, s)| s.len() as f64 * (BAR + 2.0) + 10.0)
         .sum();
     let mut svg = format!(
-        r#"<svg width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" role="img">"#
+        r#"<svg width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" style="max-width:100%;height:auto" role="img">"#
     );
     let mut y = 0.0;
     for (report, bars) in groups {

@@ -1,18 +1,22 @@
 //! Waiting for a lock someone else holds: one mechanism for every Redis strategy.
 //!
-//! Each instance keeps one subscription to the item's release channel and turns every
-//! message into a tick of a `watch` counter. A waiter marks the counter *before* each
-//! attempt, so a release published between a failed attempt and the wait still wakes it.
-//! Each wait is bounded by the holder's remaining lease (the key may simply expire, and
-//! nobody publishes an expiry) and by the sale's deadline. `LOCK_WAIT=spin` replaces all of
-//! this with the tutorial's fixed 20 ms sleep, for comparison.
+//! Each instance keeps one subscription to the item's release channel. A release wakes *one*
+//! waiter of the instance (as Redisson's semaphore does): one lock can go to one sale, so
+//! waking all of them would only send a herd of doomed attempts to Redis. A waiter
+//! registers *before* each attempt, so a release published between a failed attempt and
+//! the wait still wakes it; a waiter that gives up passes its wake-up on (tokio's `Notify`
+//! forwards it). Each wait is bounded by the holder's remaining lease (the key may simply
+//! expire, and nobody publishes an expiry) and by the sale's deadline; a (re)subscription
+//! wakes everyone, since releases may have been missed meanwhile. `LOCK_WAIT=spin`
+//! replaces all of this with the tutorial's fixed 20 ms sleep, for comparison.
 
 use std::future::Future;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::{Client, RedisResult};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::{Attempt, LockError};
@@ -22,15 +26,15 @@ use crate::config::WaitMode;
 const SPIN_INTERVAL: Duration = Duration::from_millis(20);
 
 pub struct Waiter {
-    releases: watch::Receiver<u64>,
+    releases: Arc<Notify>,
     mode: WaitMode,
 }
 
 impl Waiter {
-    /// Spawns the subscriber; it lives as long as the returned `Waiter`.
+    /// Spawns the subscriber; it stops once the returned `Waiter` is gone.
     pub fn listen(client: Client, channel: String, mode: WaitMode) -> Self {
-        let (tx, releases) = watch::channel(0);
-        tokio::spawn(subscribe(client, channel, tx));
+        let releases = Arc::new(Notify::new());
+        tokio::spawn(subscribe(client, channel, Arc::downgrade(&releases)));
         Self { releases, mode }
     }
 
@@ -47,8 +51,9 @@ impl Waiter {
     {
         let started = Instant::now();
         loop {
-            let mut releases = self.releases.clone();
-            releases.mark_unchanged();
+            let released = self.releases.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
             let retry_in = match attempt().await? {
                 Attempt::Acquired { fence } => return Ok(fence),
                 Attempt::Busy { retry_in } => retry_in,
@@ -64,12 +69,7 @@ impl Waiter {
                 WaitMode::Spin => sleep_until(lease_end.min(now + SPIN_INTERVAL)).await,
                 WaitMode::Notify => {
                     tokio::select! {
-                        changed = releases.changed() => {
-                            // The subscriber is gone only at shutdown; fall back to the lease.
-                            if changed.is_err() {
-                                sleep_until(lease_end).await;
-                            }
-                        }
+                        () = released => {}
                         () = sleep_until(lease_end) => {}
                     }
                 }
@@ -78,25 +78,27 @@ impl Waiter {
     }
 }
 
-/// Keeps one subscription alive for as long as anyone listens. Every (re)subscription also
-/// ticks the counter: releases published while it was down were missed, so waiters retry.
-async fn subscribe(client: Client, channel: String, tx: watch::Sender<u64>) {
+/// Keeps one subscription alive for as long as anyone listens.
+async fn subscribe(client: Client, channel: String, releases: Weak<Notify>) {
     let mut backoff = Duration::from_millis(50);
-    while !tx.is_closed() {
+    while releases.strong_count() > 0 {
         match tokio::time::timeout(Duration::from_secs(2), connect(&client, &channel)).await {
             Ok(Ok(pubsub)) => {
                 backoff = Duration::from_millis(50);
                 tracing::debug!(%channel, "listening for lock releases");
-                tx.send_modify(|n| *n += 1);
                 let mut messages = pubsub.into_on_message();
+                // Releases published while unsubscribed were missed: everyone retries.
+                let mut wake: fn(&Notify) = Notify::notify_waiters;
                 loop {
-                    tokio::select! {
-                        message = messages.next() => match message {
-                            Some(_) => tx.send_modify(|n| *n += 1),
-                            None => break,
-                        },
-                        () = tx.closed() => return,
+                    let Some(notify) = releases.upgrade() else {
+                        return;
+                    };
+                    wake(&notify);
+                    drop(notify);
+                    if messages.next().await.is_none() {
+                        break;
                     }
+                    wake = Notify::notify_one;
                 }
                 tracing::warn!(%channel, "release subscription lost; waiters fall back to lease bounds");
             }
