@@ -7,7 +7,7 @@ NGINX_PORT ?= 8080
 LOADTEST_ARGS ?= --stock 100 --requests 1000 --concurrency 64
 REPORT ?= run/report.html
 
-.PHONY: test deps stack-deps fmt-check lint unit openapi-check run openapi release up down status demo
+.PHONY: test deps stack-deps fmt-check lint unit openapi-check run openapi release up down status demo scenarios
 
 ## demo: install redis-server and nginx if missing, build, start the native stack, load-test every strategy
 demo: stack-deps up
@@ -23,6 +23,10 @@ demo: stack-deps up
 	echo "  HTML report: $(REPORT)"; \
 	echo "Stop it with: make down"; \
 	exit $$status
+
+## scenarios: make each version's flaw happen on demand (own redis-server and instances), with a verdict
+scenarios: stack-deps release
+	target/release/scenarios $(SCENARIO_ARGS)
 
 ## test: install what the tests need, then formatting, lints, every test, OpenAPI validation
 test: deps fmt-check lint unit openapi-check

@@ -59,6 +59,10 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub redis_timeout_ms: u64,
 
+    /// Log format: `text` for people, `json` (one object per line) for tools.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
     /// Pause between the owner check and the delete of `owner-check`, to make its race
     /// happen on demand in fault scenarios. Keep 0 in normal use.
     #[arg(long, env = "RELEASE_GAP_MS", default_value_t = 0, hide = true)]
@@ -67,6 +71,12 @@ pub struct Config {
     /// Print the OpenAPI document as JSON and exit.
     #[arg(long)]
     pub openapi: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// How a sale waits for a lock held by someone else.

@@ -1,7 +1,7 @@
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use inventory::config::Config;
+use inventory::config::{Config, LogFormat};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -10,11 +10,17 @@ async fn main() -> anyhow::Result<()> {
         println!("{}", inventory::http::openapi().to_pretty_json()?);
         return Ok(());
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .init();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    match config.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+    }
     inventory::server::run(config).await
 }

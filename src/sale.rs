@@ -65,6 +65,19 @@ pub enum SaleError {
     Redis(RedisError),
 }
 
+impl SaleError {
+    /// The error code the HTTP API reports for it.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SaleError::SoldOut => "sold_out",
+            SaleError::LockTimeout { .. } => "lock_timeout",
+            SaleError::LockLost => "lock_lost",
+            SaleError::StaleFence { .. } => "stale_fence",
+            SaleError::Redis(_) => "redis_unavailable",
+        }
+    }
+}
+
 impl From<RedisError> for SaleError {
     fn from(e: RedisError) -> Self {
         SaleError::Redis(e)
@@ -91,24 +104,33 @@ pub struct Seller {
 impl Seller {
     pub async fn sell(&self, request: SaleRequest) -> Result<Sold, SaleError> {
         let order_id = uuid::Uuid::new_v4().to_string();
+        let outcome = match request.strategy {
+            Strategy::Atomic => self.sell_atomic(request, order_id.clone()).await,
+            _ => self.sell_locked(request, order_id.clone()).await,
+        };
+        if let Err(e) = &outcome {
+            tracing::info!(%order_id, reason = e.code(), "sale refused");
+        }
+        outcome
+    }
+
+    async fn sell_atomic(&self, request: SaleRequest, order_id: String) -> Result<Sold, SaleError> {
+        tokio::time::sleep(request.work).await;
+        match atomic_sell(&self.store, &order_id, &self.instance).await? {
+            Some(remaining) => {
+                Ok(self.sold(request.strategy, remaining, order_id, None, Duration::ZERO))
+            }
+            None => Err(SaleError::SoldOut),
+        }
+    }
+
+    async fn sell_locked(&self, request: SaleRequest, order_id: String) -> Result<Sold, SaleError> {
         // Per request, never per thread: tokio moves a sale between threads at every await.
         let owner: Arc<str> = format!("{}:{order_id}", self.instance).into();
-        let strategy = request.strategy;
-
-        if strategy == Strategy::Atomic {
-            tokio::time::sleep(request.work).await;
-            return match atomic_sell(&self.store, &order_id, &self.instance).await? {
-                Some(remaining) => {
-                    Ok(self.sold(strategy, remaining, order_id, None, Duration::ZERO))
-                }
-                None => Err(SaleError::SoldOut),
-            };
-        }
-
         let deadline = Instant::now() + self.wait_budget;
         let guard = self
             .locks
-            .acquire(strategy, &owner, deadline, false)
+            .acquire(request.strategy, &owner, deadline, false)
             .await?;
         let outcome = if request.reenter {
             self.reenter(&guard, &owner, deadline, request, order_id)
@@ -153,6 +175,7 @@ impl Seller {
             None => self.store.read_stock().await?,
         }
         .unwrap_or(0);
+        tracing::info!(%order_id, stock, fence, "stock read");
         if stock <= 0 {
             return Err(SaleError::SoldOut);
         }
@@ -167,6 +190,7 @@ impl Seller {
             .await?;
         match written {
             Fenced::Accepted(remaining) => {
+                tracing::info!(%order_id, remaining, fence, "sale written");
                 Ok(self.sold(strategy, remaining, order_id, fence, guard.waited()))
             }
             // Only a write that carries a token can be refused.

@@ -6,7 +6,10 @@
 //! contract breaks this crate's build rather than its numbers.
 
 pub mod html;
+pub mod procs;
+pub mod scenarios;
 pub mod table;
+pub mod timeline;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

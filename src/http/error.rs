@@ -88,34 +88,30 @@ impl ApiError {
                 "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`".into(),
             ),
             ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found", "no such route".into()),
-            ApiError::Sale(e) => match e {
-                SaleError::SoldOut => (
-                    StatusCode::CONFLICT,
-                    "sold_out",
-                    "the item is sold out".into(),
-                ),
-                SaleError::LockLost => (
-                    StatusCode::CONFLICT,
-                    "lock_lost",
-                    "the lock expired before the sale could write; nothing was sold".into(),
-                ),
-                SaleError::StaleFence { token, newest } => (
-                    StatusCode::CONFLICT,
-                    "stale_fence",
-                    format!(
-                        "fencing token {token} is older than {newest}, already seen by the store; nothing was sold"
+            ApiError::Sale(e) => {
+                let (status, message) = match e {
+                    SaleError::SoldOut => (StatusCode::CONFLICT, "the item is sold out".into()),
+                    SaleError::LockLost => (
+                        StatusCode::CONFLICT,
+                        "the lock expired before the sale could write; nothing was sold".into(),
                     ),
-                ),
-                SaleError::LockTimeout { waited } => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "lock_timeout",
-                    format!(
-                        "the lock stayed held for {} ms, the whole wait budget",
-                        waited.as_millis()
+                    SaleError::StaleFence { token, newest } => (
+                        StatusCode::CONFLICT,
+                        format!(
+                            "fencing token {token} is older than {newest}, already seen by the store; nothing was sold"
+                        ),
                     ),
-                ),
-                SaleError::Redis(_) => unreachable_redis(),
-            },
+                    SaleError::LockTimeout { waited } => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "the lock stayed held for {} ms, the whole wait budget",
+                            waited.as_millis()
+                        ),
+                    ),
+                    SaleError::Redis(_) => return unreachable_redis(),
+                };
+                (status, e.code(), message)
+            }
             ApiError::Redis(e) if unavailable(e) => unreachable_redis(),
             ApiError::Redis(_) | ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,

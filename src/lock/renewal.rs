@@ -54,12 +54,12 @@ async fn renew_until_stopped(
                 tracing::debug!(%owner, "lock renewed");
             }
             Ok(false) => {
-                tracing::warn!(%owner, "lock lost: renewal found it gone or taken");
+                tracing::warn!(%owner, reason = "renewal found it gone or taken", "lock lost");
                 lost.store(true, Ordering::Release);
                 return;
             }
             Err(e) if last_renewed.elapsed() >= cx.ttl => {
-                tracing::warn!(%owner, error = %e, "lock lost: could not renew within its lease");
+                tracing::warn!(%owner, error = %e, reason = "could not renew within its lease", "lock lost");
                 lost.store(true, Ordering::Release);
                 return;
             }

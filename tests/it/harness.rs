@@ -1,93 +1,42 @@
-//! Real processes for the tests: a `redis-server` and `inventory` instances, each on a free
-//! port, each killed when its handle is dropped. A failure to start puts the process's log
-//! into the panic message.
+//! Real processes for the tests, on free ports, each killed when its handle is dropped:
+//! `redis-server` and `inventory` come from `loadtest::procs` (the fault scenarios start
+//! theirs the same way); nginx is rendered from the native stack's template. A failure to
+//! start puts the process's log into the panic message.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use loadtest::procs::{InventoryProcess, RedisProcess, default_env};
 use redis::aio::MultiplexedConnection;
 use serde_json::Value;
 use tempfile::TempDir;
 
-/// A port the OS had free a moment ago. Servers that then fail to bind it are retried.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port on 127.0.0.1")
+    loadtest::procs::free_port().expect("no free port on 127.0.0.1")
 }
 
 fn read_log(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log at {}: {e})", path.display()))
 }
 
-pub struct RedisServer {
-    child: Child,
-    pub port: u16,
-    _dir: TempDir,
-}
+pub struct RedisServer(RedisProcess);
 
 impl RedisServer {
     pub async fn start() -> Self {
-        let mut last_log = String::new();
-        for _ in 0..5 {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let port = free_port();
-            let log = dir.path().join("redis.log");
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-                .args(["--appendonly", "no", "--dir"])
-                .arg(dir.path())
-                .arg("--logfile")
-                .arg(&log)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("cannot run redis-server: install it (`make test` does: apt-get install redis-server)");
-            let server = RedisServer {
-                child,
-                port,
-                _dir: dir,
-            };
-            if server.wait_ready(Duration::from_secs(5)).await {
-                return server;
-            }
-            last_log = read_log(&log);
-        }
-        panic!("redis-server did not start; its last log:\n{last_log}");
-    }
-
-    async fn wait_ready(&self, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Ok(mut c) = self.try_conn().await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .is_ok()
-            {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        false
+        Self(RedisProcess::start(&[]).await.unwrap())
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    async fn try_conn(&self) -> redis::RedisResult<MultiplexedConnection> {
-        redis::Client::open(self.url())?
-            .get_multiplexed_async_connection()
-            .await
+        self.0.url()
     }
 
     pub async fn conn(&self) -> MultiplexedConnection {
-        self.try_conn().await.expect("connect to the test redis")
+        self.0
+            .connection()
+            .await
+            .expect("connect to the test redis")
     }
 
     /// Every key with its `DUMP`, to show that a request changed nothing.
@@ -111,86 +60,44 @@ impl RedisServer {
     }
 }
 
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// How to start an `inventory` process: every setting is passed explicitly, so the
-/// environment of whoever runs the tests cannot change what they test.
+/// How to start an `inventory` process: every setting is passed explicitly
+/// ([`default_env`]), so the environment of whoever runs the tests cannot change them.
 pub struct InstanceBuilder {
     name: String,
-    env: BTreeMap<&'static str, String>,
+    env: BTreeMap<String, String>,
 }
 
 impl InstanceBuilder {
     pub fn new(redis: &RedisServer, name: &str) -> Self {
-        let mut env = BTreeMap::new();
-        env.insert("REDIS_URL", redis.url());
-        env.insert("INSTANCE_NAME", name.to_owned());
-        env.insert("BIND_ADDR", "127.0.0.1".to_owned());
-        env.insert("LOCK_STRATEGY", "fenced".to_owned());
-        env.insert("LOCK_TTL_MS", "30000".to_owned());
-        env.insert("LOCK_WAIT_MS", "10000".to_owned());
-        env.insert("LOCK_WAIT", "notify".to_owned());
-        env.insert("ITEM_ID", "001".to_owned());
-        env.insert("REDIS_TIMEOUT_MS", "1000".to_owned());
-        env.insert("RELEASE_GAP_MS", "0".to_owned());
-        env.insert("ADMIN_TOKEN", String::new());
-        env.insert("RUST_LOG", "info".to_owned());
         Self {
             name: name.to_owned(),
-            env,
+            env: default_env(&redis.url(), name),
         }
     }
 
-    pub fn env(mut self, key: &'static str, value: impl ToString) -> Self {
-        self.env.insert(key, value.to_string());
+    pub fn env(mut self, key: &str, value: impl ToString) -> Self {
+        self.env.insert(key.to_owned(), value.to_string());
         self
     }
 
     pub async fn start(self) -> Instance {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let log = dir.path().join(format!("{}.log", self.name));
-        for _ in 0..5 {
-            let port = free_port();
-            let log_file = std::fs::File::create(&log).expect("instance log");
-            let child = Command::new(env!("CARGO_BIN_EXE_inventory"))
-                .env("PORT", port.to_string())
-                .envs(&self.env)
-                .stdout(log_file.try_clone().expect("log handle"))
-                .stderr(log_file)
-                .spawn()
-                .expect("run the inventory binary");
-            let mut instance = Instance {
-                child,
-                port,
-                name: self.name.clone(),
-                log: log.clone(),
-                _dir: None,
-                http: reqwest::Client::new(),
-            };
-            if instance.wait_healthy(Duration::from_secs(10)).await {
-                instance._dir = Some(dir);
-                return instance;
-            }
+        let bin = Path::new(env!("CARGO_BIN_EXE_inventory"));
+        let process = InventoryProcess::start(bin, &self.name, &self.env, None)
+            .await
+            .unwrap();
+        Instance {
+            name: self.name,
+            port: process.port,
+            process,
+            http: reqwest::Client::new(),
         }
-        panic!(
-            "instance {} did not start; its log:\n{}",
-            self.name,
-            read_log(&log)
-        );
     }
 }
 
 pub struct Instance {
-    child: Child,
+    process: InventoryProcess,
     pub port: u16,
     pub name: String,
-    log: PathBuf,
-    _dir: Option<TempDir>,
     http: reqwest::Client,
 }
 
@@ -210,37 +117,16 @@ impl Reply {
 }
 
 impl Instance {
-    async fn wait_healthy(&mut self, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return false;
-            }
-            if let Ok(r) = self.http.get(self.url("/health")).send().await
-                && r.status().is_success()
-            {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        false
-    }
-
     pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        self.process.url(path)
     }
 
     pub fn log(&self) -> String {
-        read_log(&self.log)
+        self.process.log()
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Collects a process that was killed from outside.
-    pub fn reap(&mut self) {
-        let _ = self.child.wait();
+        self.process.pid().expect("instance still running")
     }
 
     pub async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
@@ -305,13 +191,6 @@ impl Instance {
         let reply = self.get("/inventory/audit").await;
         assert_eq!(reply.status, 200, "audit failed: {reply:?}");
         reply.body
-    }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -6,5 +6,6 @@
 mod api;
 mod harness;
 mod lua;
+mod scenarios;
 mod stack;
 mod strategies;

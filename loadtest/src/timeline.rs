@@ -1,0 +1,200 @@
+//! What happened, in order: the instances' own log events (read from their JSON logs as they
+//! come) and the runner's notes, each stamped with the time since the scenario began.
+
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry {
+    pub at_ms: u64,
+    /// `app1`, `app2`, `redis` or `runner`.
+    pub who: String,
+    /// The event's message (`lock acquired`, `stock read`, ...) or the runner's note.
+    pub what: String,
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub fields: Map<String, Value>,
+}
+
+/// The instance events worth a line in the timeline.
+const EVENTS: [&str; 7] = [
+    "lock acquired",
+    "lock released",
+    "lock renewed",
+    "lock lost",
+    "stock read",
+    "sale written",
+    "sale refused",
+];
+
+#[derive(Clone)]
+pub struct Timeline(Arc<Inner>);
+
+struct Inner {
+    start: Instant,
+    entries: Mutex<Vec<Entry>>,
+    changed: Notify,
+}
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Timeline {
+    pub fn new() -> Self {
+        Self(Arc::new(Inner {
+            start: Instant::now(),
+            entries: Mutex::default(),
+            changed: Notify::new(),
+        }))
+    }
+
+    /// Time since the timeline began.
+    pub fn elapsed(&self) -> Duration {
+        self.0.start.elapsed()
+    }
+
+    pub fn note(&self, who: &str, what: impl Into<String>) {
+        self.push(who, what.into(), Map::new());
+    }
+
+    fn push(&self, who: &str, what: String, fields: Map<String, Value>) {
+        let at_ms = self.0.start.elapsed().as_millis() as u64;
+        if let Ok(mut entries) = self.0.entries.lock() {
+            entries.push(Entry {
+                at_ms,
+                who: who.to_owned(),
+                what,
+                fields,
+            });
+        }
+        self.0.changed.notify_waiters();
+    }
+
+    /// Takes one line of an instance's JSON log; keeps it if it is one of [`EVENTS`].
+    pub fn record_log(&self, instance: &str, line: &str) {
+        let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(line) else {
+            return;
+        };
+        let Some(Value::String(message)) = fields.remove("message") else {
+            return;
+        };
+        if EVENTS.contains(&message.as_str()) {
+            for noise in ["timestamp", "level"] {
+                fields.remove(noise);
+            }
+            self.push(instance, message, fields);
+        }
+    }
+
+    pub fn entries(&self) -> Vec<Entry> {
+        self.0.entries.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
+    /// Waits until an entry matching `found` exists (returning it), or `within` passes.
+    pub async fn wait_for(
+        &self,
+        within: Duration,
+        found: impl Fn(&Entry) -> bool,
+    ) -> Option<Entry> {
+        let deadline = Instant::now() + within;
+        loop {
+            let changed = self.0.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(entry) = self.entries().into_iter().find(|e| found(e)) {
+                return Some(entry);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    pub fn count(&self, found: impl Fn(&Entry) -> bool) -> usize {
+        self.entries().iter().filter(|e| found(e)).count()
+    }
+
+    /// One line per entry, for people.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for e in self.entries() {
+            let _ = writeln!(
+                out,
+                "  {:>6.3}s  {:<6}  {}",
+                e.at_ms as f64 / 1000.0,
+                e.who,
+                describe(&e)
+            );
+        }
+        out
+    }
+}
+
+impl Entry {
+    pub fn is(&self, who: &str, what: &str) -> bool {
+        self.who == who && self.what == what
+    }
+
+    fn field(&self, name: &str) -> Option<&Value> {
+        self.fields.get(name).filter(|v| !v.is_null())
+    }
+
+    fn text(&self, name: &str) -> String {
+        match self.field(name) {
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+            None => String::new(),
+        }
+    }
+}
+
+/// A sale is known by the first 8 characters of its id, in owner ids and order ids alike.
+fn sale_tag(e: &Entry) -> String {
+    let id = e.text("owner");
+    let id = if id.is_empty() {
+        e.text("order_id")
+    } else {
+        id
+    };
+    let id = id.rsplit(':').next().unwrap_or_default();
+    if id.is_empty() {
+        String::new()
+    } else {
+        format!("[{}] ", &id[..id.len().min(8)])
+    }
+}
+
+fn describe(e: &Entry) -> String {
+    let tag = sale_tag(e);
+    let fence = e
+        .field("fence")
+        .map(|f| format!(" (fence {f})"))
+        .unwrap_or_default();
+    match e.what.as_str() {
+        "lock acquired" if e.text("nested") == "true" => format!("{tag}re-entered the lock"),
+        "lock acquired" => format!(
+            "{tag}acquired the lock{fence}, after waiting {} ms",
+            e.text("waited_ms")
+        ),
+        "lock released" => match e.text("released").as_str() {
+            "Freed" => format!("{tag}released the lock"),
+            "StillHeld" => format!("{tag}left one level of the lock"),
+            "NotHeld" => format!("{tag}released: the lock was no longer its own, nothing deleted"),
+            other => format!("{tag}released ({other})"),
+        },
+        "lock renewed" => format!("{tag}renewed the lock"),
+        "lock lost" => format!("{tag}LOST the lock: {}", e.text("reason")),
+        "stock read" => format!("{tag}read stock {}{fence}", e.text("stock")),
+        "sale written" => format!("{tag}wrote stock {}{fence}", e.text("remaining")),
+        "sale refused" => format!("{tag}sale refused: {}", e.text("reason")),
+        other => other.to_owned(),
+    }
+}

@@ -1,0 +1,57 @@
+//! Every fault scenario row, as a test: the flawed strategy shows its flaw, the next one
+//! survives the same fault. The verdicts come from what happened, not from names.
+
+use std::path::Path;
+
+use inventory::lock::Strategy;
+use loadtest::scenarios::{self, Observed};
+
+async fn assert_row(scenario: &str, strategy: &str, expected: Observed) {
+    let scenario = scenarios::find(scenario).unwrap();
+    let strategy: Strategy = strategy.parse().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_inventory"));
+    let run = scenarios::run_bounded(scenario, strategy, bin, 3)
+        .await
+        .unwrap();
+    assert_eq!(run.expected, expected, "the row's expectation");
+    assert!(
+        run.ok,
+        "{} / {}: expected {}, observed {}\ndetails: {:#}\ntimeline:\n{}",
+        run.scenario, run.strategy, run.expected, run.observed, run.details, run.timeline
+    );
+}
+
+macro_rules! rows {
+    ($($test:ident => ($scenario:literal, $strategy:literal, $expected:ident)),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $test() {
+            assert_row($scenario, $strategy, Observed::$expected).await;
+        }
+    )*};
+}
+
+rows! {
+    local_oversells_when_two_instances_sell_at_once => ("two-instances", "local", Flaw),
+    setnx_holds_when_two_instances_sell_at_once => ("two-instances", "setnx", Safe),
+    setnx_lock_is_never_freed_when_its_holder_dies => ("crash-holder", "setnx", Flaw),
+    setnx_ttl_lock_expires_after_its_holder_dies => ("crash-holder", "setnx-ttl", Safe),
+    setnx_ttl_late_holder_deletes_the_next_holders_lock => ("slow-holder", "setnx-ttl", Flaw),
+    owner_check_late_holder_leaves_the_next_holders_lock_alone => ("slow-holder", "owner-check", Safe),
+    owner_check_deletes_a_lock_that_changed_hands_after_the_check => ("release-race", "owner-check", Flaw),
+    lua_release_cannot_delete_a_lock_that_changed_hands => ("release-race", "lua-release", Safe),
+    lua_release_waits_on_itself_when_reentered => ("reentry", "lua-release", Flaw),
+    reentrant_lock_can_be_reentered => ("reentry", "reentrant", Safe),
+    reentrant_lock_expires_under_long_work => ("long-work", "reentrant", Flaw),
+    watchdog_renews_the_lock_through_long_work => ("long-work", "watchdog", Safe),
+    watchdog_lets_a_paused_holder_write_after_its_lock_expired => ("process-pause", "watchdog", Flaw),
+    fenced_refuses_the_paused_holders_stale_write => ("process-pause", "fenced", Safe),
+}
+
+#[test]
+fn every_scenario_has_a_test_for_both_of_its_rows() {
+    let source = include_str!("scenarios.rs");
+    for (scenario, strategy) in scenarios::rows() {
+        let row = format!("(\"{}\", \"{}\",", scenario.name, strategy);
+        assert!(source.contains(&row), "no test for {row}");
+    }
+}
