@@ -21,7 +21,12 @@ pub struct Config {
     pub bind_addr: IpAddr,
 
     /// Redis connection URL (redis://[:password@]host:port[/db]).
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true
+    )]
     pub redis_url: String,
 
     /// Name reported in `X-Instance` and in every sale; defaults to `<host>:<port>`.
@@ -58,6 +63,17 @@ pub struct Config {
     #[arg(long, env = "REDIS_TIMEOUT_MS", default_value_t = 1_000,
           value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub redis_timeout_ms: u64,
+
+    /// How long the outcome of a sale sent with an `Idempotency-Key` is kept, in seconds.
+    #[arg(long, env = "IDEMPOTENCY_TTL_S", default_value_t = 86_400,
+          value_parser = clap::value_parser!(u64).range(1..=2_592_000))]
+    pub idempotency_ttl_s: u64,
+
+    /// On SIGTERM or Ctrl-C, how long sales in flight may take to finish before the
+    /// process exits anyway, in milliseconds.
+    #[arg(long, env = "SHUTDOWN_GRACE_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub shutdown_grace_ms: u64,
 
     /// Log format: `text` for people, `json` (one object per line) for tools.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]

@@ -14,12 +14,16 @@
 //! - [`lock`]: one file per strategy, in history order, and what they share: waiting
 //!   for a held lock ([`lock::wait`]) and renewing a lease ([`lock::renewal`]).
 //! - [`sale`]: the one sale flow: lock, read, work, write, release.
+//! - [`idempotency`]: `Idempotency-Key`, so that a retried sale never sells twice.
+//! - [`metrics`]: Prometheus counters and histograms.
 //! - [`http`]: routes, OpenAPI and Swagger UI, and the mapping of outcomes to statuses.
 //! - [`server`]: wiring and graceful shutdown, for `main` and for tests.
 
 pub mod config;
 pub mod http;
+pub mod idempotency;
 pub mod lock;
+pub mod metrics;
 pub mod sale;
 pub mod server;
 pub mod store;

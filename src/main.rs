@@ -16,11 +16,7 @@ async fn main() -> anyhow::Result<()> {
         .with_target(false);
     match config.log_format {
         LogFormat::Text => logs.init(),
-        LogFormat::Json => logs
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_span_list(false).init(),
     }
     inventory::server::run(config).await
 }

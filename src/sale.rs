@@ -10,8 +10,10 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use utoipa::ToSchema;
 
+use crate::idempotency;
 use crate::lock::{Guard, LockError, Locks, Strategy, atomic_sell};
-use crate::store::{Fenced, Store};
+use crate::metrics::Outcome;
+use crate::store::{Claim, Entry, Fenced, Recorded, Store};
 
 /// Longest simulated business time a sale may ask for.
 pub const MAX_WORK_MS: u64 = 60_000;
@@ -26,7 +28,7 @@ pub struct SaleRequest {
 }
 
 /// A successful sale.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"sold": true, "remaining": 76, "instance": "app1:7777",
     "strategy": "fenced", "order_id": "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10", "fence": 25,
     "waited_ms": 3}))]
@@ -47,7 +49,8 @@ pub struct Sold {
     pub waited_ms: u64,
 }
 
-/// Why no sale was made. Nothing was written in any of these cases.
+/// Why no sale was made. Nothing was written in any of these cases, except possibly under
+/// `Redis`, when the write was sent but its answer never came.
 #[derive(Debug)]
 pub enum SaleError {
     SoldOut,
@@ -62,18 +65,25 @@ pub enum SaleError {
         token: u64,
         newest: u64,
     },
+    /// Another attempt with the same `Idempotency-Key` is running.
+    InProgress,
     Redis(RedisError),
 }
 
 impl SaleError {
     /// The error code the HTTP API reports for it.
     pub fn code(&self) -> &'static str {
+        self.outcome().label()
+    }
+
+    pub fn outcome(&self) -> Outcome {
         match self {
-            SaleError::SoldOut => "sold_out",
-            SaleError::LockTimeout { .. } => "lock_timeout",
-            SaleError::LockLost => "lock_lost",
-            SaleError::StaleFence { .. } => "stale_fence",
-            SaleError::Redis(_) => "redis_unavailable",
+            SaleError::SoldOut => Outcome::SoldOut,
+            SaleError::LockTimeout { .. } => Outcome::LockTimeout,
+            SaleError::LockLost => Outcome::LockLost,
+            SaleError::StaleFence { .. } => Outcome::StaleFence,
+            SaleError::InProgress => Outcome::InProgress,
+            SaleError::Redis(_) => Outcome::RedisUnavailable,
         }
     }
 }
@@ -93,79 +103,171 @@ impl From<LockError> for SaleError {
     }
 }
 
+/// A sale's answer: made now, or the replay of an earlier attempt with the same key.
+#[derive(Debug)]
+pub struct Completed {
+    pub sold: Sold,
+    pub replayed: bool,
+}
+
 /// Everything a sale needs; cheap to share between requests.
 pub struct Seller {
     pub instance: String,
     pub store: Store,
     pub locks: Locks,
     pub wait_budget: Duration,
+    /// How long the outcome of a sale with an `Idempotency-Key` stays replayable.
+    pub idempotency_keep: Duration,
+}
+
+/// One attempt at a sale: what was asked, under which order id, holding which claim.
+struct Attempt {
+    request: SaleRequest,
+    order_id: String,
+    claim: Option<Claim>,
+}
+
+impl Attempt {
+    fn entry<'a>(&'a self, instance: &'a str) -> Entry<'a> {
+        Entry {
+            order_id: &self.order_id,
+            instance,
+            strategy: self.request.strategy.name(),
+            claim: self.claim.as_ref(),
+        }
+    }
 }
 
 impl Seller {
-    pub async fn sell(&self, request: SaleRequest) -> Result<Sold, SaleError> {
+    /// Sells one item. With an idempotency key, a repeated request replays the first
+    /// outcome instead of selling again.
+    pub async fn sell(
+        &self,
+        request: SaleRequest,
+        idempotency_key: Option<&str>,
+    ) -> Result<Completed, SaleError> {
         let order_id = uuid::Uuid::new_v4().to_string();
-        let outcome = match request.strategy {
-            Strategy::Atomic => self.sell_atomic(request, order_id.clone()).await,
-            _ => self.sell_locked(request, order_id.clone()).await,
+        let claim = match idempotency_key {
+            None => None,
+            Some(key) => match self.claim(key, &order_id, request).await? {
+                Ok(claim) => Some(claim),
+                Err(prior) => return self.replay(request.strategy, prior),
+            },
         };
-        if let Err(e) = &outcome {
-            tracing::info!(%order_id, reason = e.code(), "sale refused");
+        let attempt = Attempt {
+            request,
+            order_id,
+            claim,
+        };
+        let outcome = match request.strategy {
+            Strategy::Atomic => self.sell_atomic(&attempt).await,
+            _ => self.sell_locked(&attempt).await,
+        };
+        if let (Some(claim), Err(e)) = (&attempt.claim, &outcome) {
+            self.settle(claim, e).await;
         }
-        outcome
-    }
-
-    async fn sell_atomic(&self, request: SaleRequest, order_id: String) -> Result<Sold, SaleError> {
-        tokio::time::sleep(request.work).await;
-        match atomic_sell(&self.store, &order_id, &self.instance).await? {
-            Some(remaining) => {
-                Ok(self.sold(request.strategy, remaining, order_id, None, Duration::ZERO))
+        let metrics = self.store.metrics();
+        match &outcome {
+            Ok(_) => metrics.sale(request.strategy, Outcome::Sold),
+            Err(e) => {
+                metrics.sale(request.strategy, e.outcome());
+                tracing::info!(order_id = %attempt.order_id, reason = e.code(), "sale refused");
             }
-            None => Err(SaleError::SoldOut),
+        }
+        outcome.map(|sold| Completed {
+            sold,
+            replayed: false,
+        })
+    }
+
+    /// Claims the key for this attempt, or returns what an earlier attempt left there.
+    async fn claim(
+        &self,
+        key: &str,
+        order_id: &str,
+        request: SaleRequest,
+    ) -> Result<Result<Claim, idempotency::Prior>, SaleError> {
+        let claim = Claim {
+            key: self.store.keys.idempotency(key),
+            marker: idempotency::pending_marker(order_id),
+            keep: self.idempotency_keep,
+        };
+        let pending_for = self.wait_budget + request.work + idempotency::PENDING_MARGIN;
+        Ok(match self.store.claim(&claim, pending_for).await? {
+            None => Ok(claim),
+            Some(prior) => Err(idempotency::parse(&prior)),
+        })
+    }
+
+    fn replay(
+        &self,
+        strategy: Strategy,
+        prior: idempotency::Prior,
+    ) -> Result<Completed, SaleError> {
+        let outcome = match prior {
+            idempotency::Prior::Sold(sold) => {
+                return Ok(Completed {
+                    sold,
+                    replayed: true,
+                });
+            }
+            idempotency::Prior::SoldOut => SaleError::SoldOut,
+            idempotency::Prior::InProgress => SaleError::InProgress,
+        };
+        self.store.metrics().sale(strategy, outcome.outcome());
+        Err(outcome)
+    }
+
+    /// Keeps a final `sold_out` for replays; frees the key after a failure that may pass,
+    /// so a retry sells; leaves it pending when Redis failed, since the write may have
+    /// landed (it then says so itself).
+    async fn settle(&self, claim: &Claim, error: &SaleError) {
+        let keep = match error {
+            SaleError::SoldOut => Some(idempotency::SOLD_OUT),
+            SaleError::LockTimeout { .. } | SaleError::LockLost | SaleError::StaleFence { .. } => {
+                None
+            }
+            SaleError::InProgress | SaleError::Redis(_) => return,
+        };
+        if let Err(e) = self.store.settle(claim, keep).await {
+            tracing::warn!(error = %e, "could not settle an idempotency key; it expires on its own");
         }
     }
 
-    async fn sell_locked(&self, request: SaleRequest, order_id: String) -> Result<Sold, SaleError> {
+    async fn sell_atomic(&self, attempt: &Attempt) -> Result<Sold, SaleError> {
+        tokio::time::sleep(attempt.request.work).await;
+        let recorded = atomic_sell(&self.store, &attempt.entry(&self.instance)).await?;
+        self.recorded(attempt, recorded, None, Duration::ZERO)
+    }
+
+    async fn sell_locked(&self, attempt: &Attempt) -> Result<Sold, SaleError> {
         // Per request, never per thread: tokio moves a sale between threads at every await.
-        let owner: Arc<str> = format!("{}:{order_id}", self.instance).into();
+        let owner: Arc<str> = format!("{}:{}", self.instance, attempt.order_id).into();
         let deadline = Instant::now() + self.wait_budget;
+        let strategy = attempt.request.strategy;
         let guard = self
             .locks
-            .acquire(request.strategy, &owner, deadline, false)
+            .acquire(strategy, &owner, deadline, false)
             .await?;
-        let outcome = if request.reenter {
-            self.reenter(&guard, &owner, deadline, request, order_id)
-                .await
+        let outcome = if attempt.request.reenter {
+            // The nested acquisition that non-reentrant locks cannot survive.
+            match self.locks.acquire(strategy, &owner, deadline, true).await {
+                Ok(inner) => {
+                    let outcome = self.read_work_write(&guard, attempt).await;
+                    self.release(inner).await;
+                    outcome
+                }
+                Err(e) => Err(e.into()),
+            }
         } else {
-            self.read_work_write(&guard, request, order_id).await
+            self.read_work_write(&guard, attempt).await
         };
         self.release(guard).await;
         outcome
     }
 
-    /// The nested acquisition that non-reentrant locks cannot survive.
-    async fn reenter(
-        &self,
-        outer: &Guard,
-        owner: &Arc<str>,
-        deadline: Instant,
-        request: SaleRequest,
-        order_id: String,
-    ) -> Result<Sold, SaleError> {
-        let inner = self
-            .locks
-            .acquire(request.strategy, owner, deadline, true)
-            .await?;
-        let outcome = self.read_work_write(outer, request, order_id).await;
-        self.release(inner).await;
-        outcome
-    }
-
-    async fn read_work_write(
-        &self,
-        guard: &Guard,
-        request: SaleRequest,
-        order_id: String,
-    ) -> Result<Sold, SaleError> {
+    async fn read_work_write(&self, guard: &Guard, attempt: &Attempt) -> Result<Sold, SaleError> {
+        let order_id = &attempt.order_id;
         let fence = guard.fence();
         let stock = match fence {
             Some(token) => match self.store.read_stock_fenced(token).await? {
@@ -179,25 +281,43 @@ impl Seller {
         if stock <= 0 {
             return Err(SaleError::SoldOut);
         }
-        tokio::time::sleep(request.work).await;
+        tokio::time::sleep(attempt.request.work).await;
         if guard.is_lost() {
             return Err(SaleError::LockLost);
         }
-        let strategy = request.strategy;
-        let written = self
+        let recorded = self
             .store
-            .record_sale(stock - 1, &order_id, &self.instance, strategy.name(), fence)
+            .record_sale(stock - 1, &attempt.entry(&self.instance), fence)
             .await?;
-        match written {
-            Fenced::Accepted(remaining) => {
-                tracing::info!(%order_id, remaining, fence, "sale written");
-                Ok(self.sold(strategy, remaining, order_id, fence, guard.waited()))
+        self.recorded(attempt, recorded, fence, guard.waited())
+    }
+
+    fn recorded(
+        &self,
+        attempt: &Attempt,
+        recorded: Recorded,
+        fence: Option<u64>,
+        waited: Duration,
+    ) -> Result<Sold, SaleError> {
+        match recorded {
+            Recorded::Written(remaining) => {
+                tracing::info!(order_id = %attempt.order_id, remaining, fence, "sale written");
+                Ok(Sold {
+                    sold: true,
+                    remaining,
+                    instance: self.instance.clone(),
+                    strategy: attempt.request.strategy.name().to_owned(),
+                    order_id: attempt.order_id.clone(),
+                    fence,
+                    waited_ms: waited.as_millis() as u64,
+                })
             }
-            // Only a write that carries a token can be refused.
-            Fenced::Stale { newest } => Err(SaleError::StaleFence {
+            Recorded::SoldOut => Err(SaleError::SoldOut),
+            Recorded::StaleFence { newest } => Err(SaleError::StaleFence {
                 token: fence.unwrap_or(0),
                 newest,
             }),
+            Recorded::ClaimLost => Err(SaleError::InProgress),
         }
     }
 
@@ -206,25 +326,6 @@ impl Seller {
     async fn release(&self, guard: Guard) {
         if let Err(e) = self.locks.release(guard).await {
             tracing::warn!(error = %e, "lock release failed; the lock is freed when its lease ends");
-        }
-    }
-
-    fn sold(
-        &self,
-        strategy: Strategy,
-        remaining: i64,
-        order_id: String,
-        fence: Option<u64>,
-        waited: Duration,
-    ) -> Sold {
-        Sold {
-            sold: true,
-            remaining,
-            instance: self.instance.clone(),
-            strategy: strategy.name().to_owned(),
-            order_id,
-            fence,
-            waited_ms: waited.as_millis() as u64,
         }
     }
 }

@@ -2,13 +2,15 @@
 //! and write the stock and its ledger. Lock calls live with their strategies in `lock/`.
 
 use std::future::Future;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Client, RedisError, RedisResult, Script};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+
+use crate::metrics::Metrics;
 
 /// One `Script` per file in `lua/`: hashed once, then run by `EVALSHA` (loaded on first
 /// `NOSCRIPT`, so a restarted Redis heals itself).
@@ -31,6 +33,7 @@ pub mod scripts {
     script!(RECORD_SALE, "record_sale.lua");
     script!(ATOMIC_SALE, "atomic_sale.lua");
     script!(RESET, "reset.lua");
+    script!(IDEMPOTENCY_SETTLE, "idempotency_settle.lua");
 }
 
 /// The keys of one item. They share the hash tag `{item}`, so every script touches a single
@@ -46,6 +49,7 @@ pub struct Keys {
     pub lock: String,
     /// Pub/sub channel on which every release is announced.
     pub released: String,
+    idempotency_prefix: String,
 }
 
 impl Keys {
@@ -60,7 +64,13 @@ impl Keys {
             fence_seen: key("fence:seen"),
             lock: key("lock"),
             released: key("lock:released"),
+            idempotency_prefix: key("idem:"),
         }
+    }
+
+    /// Where the outcome of a sale sent with `Idempotency-Key: <key>` is kept.
+    pub fn idempotency(&self, key: &str) -> String {
+        format!("{}{key}", self.idempotency_prefix)
     }
 }
 
@@ -73,6 +83,7 @@ pub struct Store {
     item: String,
     pub keys: Keys,
     timeout: Duration,
+    metrics: Arc<Metrics>,
 }
 
 /// What `GET /inventory` reports.
@@ -114,6 +125,53 @@ pub struct Duplicate {
     pub times: i64,
 }
 
+/// Who made a sale, for its ledger entry, and the idempotency claim it holds, if any.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    pub order_id: &'a str,
+    pub instance: &'a str,
+    pub strategy: &'a str,
+    pub claim: Option<&'a Claim>,
+}
+
+impl Entry<'_> {
+    /// Scripts declare every key they may touch; without a claim this one is never touched.
+    fn claim_key(&self, keys: &Keys) -> String {
+        self.claim
+            .map_or_else(|| keys.idempotency(""), |c| c.key.clone())
+    }
+
+    fn claim_marker(&self) -> &str {
+        self.claim.map_or("", |c| c.marker.as_str())
+    }
+
+    fn claim_keep_ms(&self) -> u64 {
+        self.claim.map_or(0, |c| c.keep.as_millis() as u64)
+    }
+}
+
+/// A sale's hold on an idempotency key: the key holds `marker` while the sale runs, and
+/// the sale's outcome for `keep` afterwards.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub key: String,
+    pub marker: String,
+    pub keep: Duration,
+}
+
+/// What a sale's write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// Written and recorded: the stock left.
+    Written(i64),
+    /// Nothing left to sell (the atomic sale checks this itself).
+    SoldOut,
+    /// Refused: the store has seen a newer fencing token.
+    StaleFence { newest: u64 },
+    /// Refused: the idempotency claim expired or another attempt holds the key.
+    ClaimLost,
+}
+
 /// The answer of a script that checks a fencing token: `{1, value}` or `{0, newest token}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fenced<T> {
@@ -123,7 +181,12 @@ pub enum Fenced<T> {
 
 impl Store {
     /// Does not touch the network: the service starts with Redis down and connects when it can.
-    pub fn new(redis_url: &str, item: &str, timeout: Duration) -> RedisResult<Self> {
+    pub fn new(
+        redis_url: &str,
+        item: &str,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> RedisResult<Self> {
         let client = Client::open(redis_url)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -138,7 +201,12 @@ impl Store {
             item: item.to_owned(),
             keys: Keys::new(item),
             timeout,
+            metrics,
         })
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     pub fn client(&self) -> &Client {
@@ -156,13 +224,17 @@ impl Store {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        match tokio::time::timeout(self.timeout, f(self.conn.clone())).await {
+        let result = match tokio::time::timeout(self.timeout, f(self.conn.clone())).await {
             Ok(result) => result,
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "redis did not answer in time",
             ))),
+        };
+        if result.is_err() {
+            self.metrics.redis_error();
         }
+        result
     }
 
     pub async fn ping(&self) -> RedisResult<()> {
@@ -201,11 +273,9 @@ impl Store {
     pub async fn record_sale(
         &self,
         new_stock: i64,
-        order_id: &str,
-        instance: &str,
-        strategy: &str,
+        entry: &Entry<'_>,
         fence: Option<u64>,
-    ) -> RedisResult<Fenced<i64>> {
+    ) -> RedisResult<Recorded> {
         let k = &self.keys;
         let fence = fence.map(|f| f.to_string()).unwrap_or_default();
         let (ok, value): (i64, i64) = self
@@ -215,30 +285,29 @@ impl Store {
                     .key(&k.ledger)
                     .key(&k.sold_at)
                     .key(&k.fence_seen)
+                    .key(entry.claim_key(k))
                     .arg(new_stock)
-                    .arg(order_id)
-                    .arg(instance)
-                    .arg(strategy)
+                    .arg(entry.order_id)
+                    .arg(entry.instance)
+                    .arg(entry.strategy)
                     .arg(fence)
+                    .arg(entry.claim_marker())
+                    .arg(entry.claim_keep_ms())
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         Ok(match ok {
-            1 => Fenced::Accepted(value),
-            _ => Fenced::Stale {
+            1 => Recorded::Written(value),
+            2 => Recorded::ClaimLost,
+            _ => Recorded::StaleFence {
                 newest: value.max(0) as u64,
             },
         })
     }
 
-    /// The lock-free sale: one script, one round trip. `None` when sold out.
-    pub async fn atomic_sale(
-        &self,
-        order_id: &str,
-        instance: &str,
-        strategy: &str,
-    ) -> RedisResult<Option<i64>> {
+    /// The lock-free sale: one script, one round trip.
+    pub async fn atomic_sale(&self, entry: &Entry<'_>) -> RedisResult<Recorded> {
         let k = &self.keys;
         let remaining: i64 = self
             .call(|mut c| async move {
@@ -246,14 +315,54 @@ impl Store {
                     .key(&k.stock)
                     .key(&k.ledger)
                     .key(&k.sold_at)
-                    .arg(order_id)
-                    .arg(instance)
-                    .arg(strategy)
+                    .key(entry.claim_key(k))
+                    .arg(entry.order_id)
+                    .arg(entry.instance)
+                    .arg(entry.strategy)
+                    .arg(entry.claim_marker())
+                    .arg(entry.claim_keep_ms())
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
-        Ok((remaining >= 0).then_some(remaining))
+        Ok(match remaining {
+            -1 => Recorded::SoldOut,
+            -2 => Recorded::ClaimLost,
+            remaining => Recorded::Written(remaining),
+        })
+    }
+
+    /// Claims an idempotency key for a sale with one `SET NX GET`: `None` when claimed,
+    /// otherwise what the key already holds.
+    pub async fn claim(&self, claim: &Claim, pending_for: Duration) -> RedisResult<Option<String>> {
+        self.call(|mut c| async move {
+            redis::cmd("SET")
+                .arg(&claim.key)
+                .arg(&claim.marker)
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(pending_for.as_millis().max(1) as u64)
+                .query_async(&mut c)
+                .await
+        })
+        .await
+    }
+
+    /// Ends a claim that did not sell: keeps `outcome` for replays, or frees the key.
+    pub async fn settle(&self, claim: &Claim, outcome: Option<&str>) -> RedisResult<bool> {
+        let settled: i64 = self
+            .call(|mut c| async move {
+                scripts::IDEMPOTENCY_SETTLE
+                    .key(&claim.key)
+                    .arg(&claim.marker)
+                    .arg(outcome.unwrap_or_default())
+                    .arg(claim.keep.as_millis() as u64)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(settled == 1)
     }
 
     pub async fn reset(&self, stock: i64) -> RedisResult<()> {

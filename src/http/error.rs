@@ -15,7 +15,7 @@ use crate::sale::SaleError;
 #[schema(example = json!({"error": "sold_out", "message": "item 001 is sold out"}))]
 pub struct ErrorBody {
     /// One of: bad_request, unauthorized, not_found, sold_out, lock_lost, stale_fence,
-    /// lock_timeout, redis_unavailable, internal.
+    /// in_progress, lock_timeout, redis_unavailable, internal.
     pub error: String,
     pub message: String,
 }
@@ -107,6 +107,10 @@ impl ApiError {
                             "the lock stayed held for {} ms, the whole wait budget",
                             waited.as_millis()
                         ),
+                    ),
+                    SaleError::InProgress => (
+                        StatusCode::CONFLICT,
+                        "a sale with this Idempotency-Key is still in progress; retry later".into(),
                     ),
                     SaleError::Redis(_) => return unreachable_redis(),
                 };

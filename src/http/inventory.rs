@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use tracing::Instrument;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -13,6 +16,7 @@ use utoipa_axum::routes;
 
 use super::extract::{Admin, ApiJson, ApiQuery};
 use super::{ApiError, AppState, ErrorBody, TAG_INVENTORY, TAG_SALE};
+use crate::idempotency;
 use crate::lock::Strategy;
 use crate::sale::{MAX_WORK_MS, SaleRequest, Sold};
 use crate::store::{Audit, Inventory};
@@ -77,12 +81,17 @@ impl SaleQuery {
     post,
     path = "/inventory/sale",
     tag = TAG_SALE,
-    params(SaleQuery),
+    params(
+        SaleQuery,
+        ("Idempotency-Key" = Option<String>, Header,
+            description = "Makes retries safe: a repeated request with the same key (on either instance) replays the first outcome, with the same `order_id` and the header `Idempotent-Replayed: true`, and never sells twice. 1 to 128 letters, digits, `-`, `_`, `.` or `:`. Kept for `IDEMPOTENCY_TTL_S` (default 24 h).",
+            example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"),
+    ),
     responses(
-        (status = 200, description = "One item sold", body = Sold),
-        (status = 400, description = "Unknown strategy or `work_ms` out of range; the message names the valid values", body = ErrorBody,
+        (status = 200, description = "One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)", body = Sold),
+        (status = 400, description = "Unknown strategy, `work_ms` out of range or a malformed `Idempotency-Key`; the message names the valid values", body = ErrorBody,
             example = json!({"error": "bad_request", "message": "unknown strategy \"v9\"; valid: none, local, setnx, ..."})),
-        (status = 409, description = "Nothing sold: `sold_out`, or the lock was lost before the write (`lock_lost`, `stale_fence`)", body = ErrorBody,
+        (status = 409, description = "Nothing sold: `sold_out`, the lock was lost before the write (`lock_lost`, `stale_fence`), or an attempt with the same `Idempotency-Key` is still running (`in_progress`)", body = ErrorBody,
             example = json!({"error": "stale_fence", "message": "fencing token 7 is older than 8, already seen by the store; nothing was sold"})),
         (status = 503, description = "Nothing sold: the lock stayed held for the whole wait budget (`lock_timeout`) or Redis did not answer (`redis_unavailable`)", body = ErrorBody,
             example = json!({"error": "lock_timeout", "message": "the lock stayed held for 10000 ms, the whole wait budget"})),
@@ -91,15 +100,38 @@ impl SaleQuery {
 )]
 async fn sale(
     State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
     ApiQuery(query): ApiQuery<SaleQuery>,
-) -> Result<Json<Sold>, ApiError> {
+) -> Result<Response, ApiError> {
     let request = query.into_request(app.default_strategy)?;
+    let key = idempotency_key(&headers)?;
     // The sale runs in its own task: a client that hangs up must not abandon it half-way,
-    // between taking the lock and releasing it.
-    let sold = tokio::spawn(async move { app.seller.sell(request).await })
+    // between taking the lock and releasing it. The task keeps the request's span, and so
+    // its request id.
+    let sale = async move { app.seller.sell(request, key.as_deref()).await };
+    let completed = tokio::spawn(sale.instrument(tracing::Span::current()))
         .await
         .map_err(|e| ApiError::Internal(format!("sale task failed: {e}")))??;
-    Ok(Json(sold))
+    let mut response = Json(completed.sold).into_response();
+    if completed.replayed {
+        response
+            .headers_mut()
+            .insert(REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+const REPLAYED: &str = "idempotent-replayed";
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let invalid = || ApiError::BadRequest(idempotency::INVALID_KEY.to_owned());
+    let key = value.to_str().map_err(|_| invalid())?;
+    idempotency::validate(key).map_err(|_| invalid())?;
+    Ok(Some(key.to_owned()))
 }
 
 /// Sell one item (GET, as in the tutorial)
@@ -110,20 +142,26 @@ async fn sale(
     get,
     path = "/inventory/sale",
     tag = TAG_SALE,
-    params(SaleQuery),
+    params(
+        SaleQuery,
+        ("Idempotency-Key" = Option<String>, Header,
+            description = "Makes retries safe: a repeated request with the same key (on either instance) replays the first outcome, with the same `order_id` and the header `Idempotent-Replayed: true`, and never sells twice. 1 to 128 letters, digits, `-`, `_`, `.` or `:`. Kept for `IDEMPOTENCY_TTL_S` (default 24 h).",
+            example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"),
+    ),
     responses(
-        (status = 200, description = "One item sold", body = Sold),
-        (status = 400, description = "Unknown strategy or `work_ms` out of range; the message names the valid values", body = ErrorBody),
-        (status = 409, description = "Nothing sold: `sold_out`, `lock_lost` or `stale_fence`", body = ErrorBody),
+        (status = 200, description = "One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)", body = Sold),
+        (status = 400, description = "Unknown strategy, `work_ms` out of range or a malformed `Idempotency-Key`; the message names the valid values", body = ErrorBody),
+        (status = 409, description = "Nothing sold: `sold_out`, `lock_lost`, `stale_fence` or `in_progress`", body = ErrorBody),
         (status = 503, description = "Nothing sold: `lock_timeout` or `redis_unavailable`", body = ErrorBody),
         (status = 500, description = "Unexpected failure; details are in the service log", body = ErrorBody),
     )
 )]
 async fn sale_get(
     state: State<Arc<AppState>>,
+    headers: HeaderMap,
     query: ApiQuery<SaleQuery>,
-) -> Result<Json<Sold>, ApiError> {
-    sale(state, query).await
+) -> Result<Response, ApiError> {
+    sale(state, headers, query).await
 }
 
 /// Show the stock

@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -17,6 +19,29 @@ pub fn router() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(strategies))
         .routes(routes!(health))
         .routes(routes!(ready))
+        .routes(routes!(metrics))
+}
+
+/// Prometheus metrics
+///
+/// Sales by strategy and outcome, lock wait time, renewals, locks lost, fence refusals and
+/// Redis errors, in the Prometheus text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = TAG_SERVICE,
+    responses((status = 200, description = "Prometheus text exposition format, version 0.0.4",
+        content_type = "text/plain", body = String,
+        example = "inventory_sales_total{strategy=\"fenced\",outcome=\"sold\"} 100"))
+)]
+async fn metrics(State(app): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.seller.store.metrics().render(),
+    )
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -10,8 +10,12 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::http::Request;
 use axum::http::{HeaderName, HeaderValue};
+use tower::ServiceBuilder;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
@@ -23,6 +27,8 @@ pub use error::{ApiError, ErrorBody};
 pub const TAG_SALE: &str = "sale";
 pub const TAG_INVENTORY: &str = "inventory";
 pub const TAG_SERVICE: &str = "service";
+
+static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Request bodies are a few bytes of JSON; anything large is a mistake or an attack.
 const BODY_LIMIT: usize = 16 * 1024;
@@ -87,8 +93,23 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
         .fallback(|| async { ApiError::NotFound })
         .with_state(Arc::new(state))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(SetResponseHeaderLayer::overriding(
-            HeaderName::from_static("x-instance"),
-            instance,
-        )))
+        .layer(
+            // Outermost first: take nginx's X-Request-Id (or make one), open a span that
+            // carries it into every log line of the request, and send it back.
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
+                .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
+                    let id = request
+                        .headers()
+                        .get(&REQUEST_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default();
+                    tracing::info_span!("request", request_id = %id, method = %request.method(), path = %request.uri().path())
+                }))
+                .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
+                .layer(SetResponseHeaderLayer::overriding(
+                    HeaderName::from_static("x-instance"),
+                    instance,
+                )),
+        ))
 }

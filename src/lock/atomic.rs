@@ -7,7 +7,7 @@
 use redis::RedisResult;
 
 use super::StrategyInfo;
-use crate::store::Store;
+use crate::store::{Entry, Recorded, Store};
 
 pub(super) const INFO: StrategyInfo = StrategyInfo {
     name: "atomic",
@@ -22,7 +22,7 @@ pub(super) const INFO: StrategyInfo = StrategyInfo {
     distributed: true,
 };
 
-/// The whole sale in one round trip. `None` when sold out.
-pub async fn sell(store: &Store, order_id: &str, instance: &str) -> RedisResult<Option<i64>> {
-    store.atomic_sale(order_id, instance, INFO.name).await
+/// The whole sale in one round trip.
+pub async fn sell(store: &Store, entry: &Entry<'_>) -> RedisResult<Recorded> {
+    store.atomic_sale(entry).await
 }

@@ -327,6 +327,9 @@ impl Locks {
             }
         };
         let waited = started.elapsed();
+        if !nested {
+            self.cx.store.metrics().lock_wait(strategy, waited);
+        }
         tracing::info!(%strategy, %owner, fence, nested, waited_ms = waited.as_millis() as u64, "lock acquired");
         Ok(Guard {
             strategy,

@@ -260,6 +260,7 @@ async fn the_openapi_document_lists_every_route_and_describes_every_response() {
         ("/strategies", vec!["get"]),
         ("/health", vec!["get"]),
         ("/ready", vec!["get"]),
+        ("/metrics", vec!["get"]),
     ];
     let paths = doc["paths"].as_object().unwrap();
     assert_eq!(

@@ -224,11 +224,14 @@ async fn record_sale(
         .key(&k.ledger)
         .key(&k.sold_at)
         .key(&k.fence_seen)
+        .key(k.idempotency("unused"))
         .arg(stock)
         .arg("order")
         .arg("app1")
         .arg("fenced")
         .arg(fence)
+        .arg("")
+        .arg(0)
         .invoke_async(c)
         .await
         .unwrap()
@@ -294,9 +297,12 @@ async fn the_atomic_sale_stops_at_zero() {
             .key(&k.stock)
             .key(&k.ledger)
             .key(&k.sold_at)
+            .key(k.idempotency("unused"))
             .arg("order")
             .arg("app1")
             .arg("atomic")
+            .arg("")
+            .arg(0)
             .invoke_async(&mut c)
             .await
             .unwrap();
@@ -334,4 +340,67 @@ async fn reset_clears_ledger_fencing_and_lock() {
         let exists: bool = c.exists(key).await.unwrap();
         assert!(!exists, "{key} survived the reset");
     }
+}
+
+#[tokio::test]
+async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_with_the_sale() {
+    let (_redis, mut c, k) = setup().await;
+    let _: () = c.set(&k.stock, 5).await.unwrap();
+    let key = k.idempotency("retry-1");
+    let conn = c.clone();
+    let sell = |marker: &'static str| {
+        let (k, key, mut c) = (k.clone(), key.clone(), conn.clone());
+        async move {
+            scripts::ATOMIC_SALE
+                .key(&k.stock)
+                .key(&k.ledger)
+                .key(&k.sold_at)
+                .key(&key)
+                .arg("o-1")
+                .arg("app1")
+                .arg("atomic")
+                .arg(marker)
+                .arg(60_000)
+                .invoke_async::<i64>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+
+    assert_eq!(sell("pending:o-1").await, -2, "no claim, no sale");
+    let _: () = c.set(&key, "pending:o-1").await.unwrap();
+    assert_eq!(sell("pending:o-2").await, -2, "someone else's claim, no sale");
+    assert_eq!(sell("pending:o-1").await, 4);
+    let kept: String = c.get(&key).await.unwrap();
+    assert!(kept.starts_with("sold:") && kept.contains("\"order_id\":\"o-1\""), "{kept}");
+    assert!(pttl(&mut c, &key).await > 50_000, "kept for the configured time");
+    assert_eq!(sell("pending:o-1").await, -2, "the claim is spent: a replay cannot sell again");
+    let sales: i64 = c.llen(&k.ledger).await.unwrap();
+    assert_eq!(sales, 1);
+}
+
+#[tokio::test]
+async fn settling_a_claim_needs_the_claim() {
+    let (_redis, mut c, k) = setup().await;
+    let key = k.idempotency("retry-2");
+    let _: () = c.set(&key, "pending:o-1").await.unwrap();
+    let conn = c.clone();
+    let settle = |marker: &'static str, outcome: &'static str| {
+        let (key, mut c) = (key.clone(), conn.clone());
+        async move {
+            scripts::IDEMPOTENCY_SETTLE
+                .key(&key)
+                .arg(marker)
+                .arg(outcome)
+                .arg(60_000)
+                .invoke_async::<i64>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(settle("pending:o-2", "").await, 0);
+    assert_eq!(settle("pending:o-1", "sold_out").await, 1);
+    let kept: String = c.get(&key).await.unwrap();
+    assert_eq!(kept, "sold_out");
+    assert_eq!(settle("pending:o-1", "").await, 0, "settled once");
 }

@@ -1,0 +1,229 @@
+//! Prometheus metrics, kept in atomics and rendered in the text exposition format (0.0.4).
+//! Label sets are small and known in advance (strategies x outcomes), so every series
+//! exists from the start and a scrape never allocates a label map.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::lock::Strategy;
+
+/// How a sale ended, as counted in `inventory_sales_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Sold,
+    SoldOut,
+    LockTimeout,
+    LockLost,
+    StaleFence,
+    InProgress,
+    RedisUnavailable,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 7] = [
+        Outcome::Sold,
+        Outcome::SoldOut,
+        Outcome::LockTimeout,
+        Outcome::LockLost,
+        Outcome::StaleFence,
+        Outcome::InProgress,
+        Outcome::RedisUnavailable,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Sold => "sold",
+            Outcome::SoldOut => "sold_out",
+            Outcome::LockTimeout => "lock_timeout",
+            Outcome::LockLost => "lock_lost",
+            Outcome::StaleFence => "stale_fence",
+            Outcome::InProgress => "in_progress",
+            Outcome::RedisUnavailable => "redis_unavailable",
+        }
+    }
+}
+
+const STRATEGIES: usize = Strategy::ALL.len();
+const OUTCOMES: usize = Outcome::ALL.len();
+/// Upper bounds of the lock-wait buckets, in seconds.
+const WAIT_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    buckets: [AtomicU64; WAIT_BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (bound, bucket) in WAIT_BUCKETS.iter().zip(&self.buckets) {
+            if secs <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    sales: [[AtomicU64; OUTCOMES]; STRATEGIES],
+    lock_wait: [Histogram; STRATEGIES],
+    renewals: AtomicU64,
+    locks_lost: AtomicU64,
+    fence_refusals: AtomicU64,
+    redis_errors: AtomicU64,
+}
+
+fn index(strategy: Strategy) -> usize {
+    Strategy::ALL
+        .iter()
+        .position(|s| *s == strategy)
+        .unwrap_or(0)
+}
+
+impl Metrics {
+    pub fn sale(&self, strategy: Strategy, outcome: Outcome) {
+        let o = Outcome::ALL.iter().position(|x| *x == outcome).unwrap_or(0);
+        self.sales[index(strategy)][o].fetch_add(1, Ordering::Relaxed);
+        if outcome == Outcome::StaleFence {
+            self.fence_refusals.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn lock_wait(&self, strategy: Strategy, waited: Duration) {
+        self.lock_wait[index(strategy)].observe(waited);
+    }
+
+    pub fn renewal(&self) {
+        self.renewals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn lock_lost(&self) {
+        self.locks_lost.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn redis_error(&self) {
+        self.redis_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+
+        out.push_str("# HELP inventory_sales_total Sales attempted, by strategy and outcome.\n");
+        out.push_str("# TYPE inventory_sales_total counter\n");
+        for (strategy, row) in Strategy::ALL.iter().zip(&self.sales) {
+            for (outcome, n) in Outcome::ALL.iter().zip(row) {
+                let _ = writeln!(
+                    out,
+                    "inventory_sales_total{{strategy=\"{strategy}\",outcome=\"{}\"}} {}",
+                    outcome.label(),
+                    load(n)
+                );
+            }
+        }
+
+        out.push_str("# HELP inventory_lock_wait_seconds Time spent waiting for the lock.\n");
+        out.push_str("# TYPE inventory_lock_wait_seconds histogram\n");
+        for (strategy, h) in Strategy::ALL.iter().zip(&self.lock_wait) {
+            for (bound, bucket) in WAIT_BUCKETS.iter().zip(&h.buckets) {
+                let _ = writeln!(
+                    out,
+                    "inventory_lock_wait_seconds_bucket{{strategy=\"{strategy}\",le=\"{bound}\"}} {}",
+                    load(bucket)
+                );
+            }
+            let count = load(&h.count);
+            let _ = writeln!(
+                out,
+                "inventory_lock_wait_seconds_bucket{{strategy=\"{strategy}\",le=\"+Inf\"}} {count}"
+            );
+            let _ = writeln!(
+                out,
+                "inventory_lock_wait_seconds_sum{{strategy=\"{strategy}\"}} {}",
+                load(&h.sum_micros) as f64 / 1e6
+            );
+            let _ = writeln!(
+                out,
+                "inventory_lock_wait_seconds_count{{strategy=\"{strategy}\"}} {count}"
+            );
+        }
+
+        for (name, help, value) in [
+            (
+                "inventory_lock_renewals_total",
+                "Lease renewals made by the watchdog.",
+                &self.renewals,
+            ),
+            (
+                "inventory_locks_lost_total",
+                "Locks found gone or taken by their holder's watchdog.",
+                &self.locks_lost,
+            ),
+            (
+                "inventory_fence_refusals_total",
+                "Sales refused because a newer fencing token was seen.",
+                &self.fence_refusals,
+            ),
+            (
+                "inventory_redis_errors_total",
+                "Redis calls that failed or timed out.",
+                &self.redis_errors,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                load(value)
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_counts_each_observation_in_every_bucket_at_or_above_it() {
+        let m = Metrics::default();
+        m.lock_wait(Strategy::Local, Duration::from_millis(30));
+        let text = m.render();
+        assert!(
+            text.contains("inventory_lock_wait_seconds_bucket{strategy=\"local\",le=\"0.025\"} 0")
+        );
+        assert!(
+            text.contains("inventory_lock_wait_seconds_bucket{strategy=\"local\",le=\"0.05\"} 1")
+        );
+        assert!(
+            text.contains("inventory_lock_wait_seconds_bucket{strategy=\"local\",le=\"+Inf\"} 1")
+        );
+        assert!(text.contains("inventory_lock_wait_seconds_count{strategy=\"local\"} 1"));
+    }
+
+    #[test]
+    fn sales_are_counted_by_strategy_and_outcome() {
+        let m = Metrics::default();
+        m.sale(Strategy::Atomic, Outcome::Sold);
+        m.sale(Strategy::Atomic, Outcome::Sold);
+        m.sale(
+            Strategy::Redis(crate::lock::RedisLock::Fenced),
+            Outcome::StaleFence,
+        );
+        let text = m.render();
+        assert!(text.contains("inventory_sales_total{strategy=\"atomic\",outcome=\"sold\"} 2"));
+        assert!(
+            text.contains("inventory_sales_total{strategy=\"fenced\",outcome=\"stale_fence\"} 1")
+        );
+        assert!(text.contains("inventory_fence_refusals_total 1"));
+    }
+}
