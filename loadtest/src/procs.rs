@@ -29,35 +29,24 @@ pub struct RedisProcess {
     child: Child,
     pub port: u16,
     dir: TempDir,
+    extra: Vec<String>,
 }
 
 impl RedisProcess {
     /// `extra` is passed on to `redis-server` (`--notify-keyspace-events Ex`, say).
     pub async fn start(extra: &[&str]) -> anyhow::Result<Self> {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let mut last_log = String::new();
         for _ in 0..START_ATTEMPTS {
             let dir = tempfile::tempdir()?;
             let port = free_port()?;
-            let child = Command::new("redis-server")
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                ])
-                .args(["--appendonly", "no", "--dir"])
-                .arg(dir.path())
-                .arg("--logfile")
-                .arg(dir.path().join("redis.log"))
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .context("cannot run redis-server: install it (apt-get install redis-server)")?;
-            let server = RedisProcess { child, port, dir };
+            let child = spawn_redis(port, dir.path(), &extra)?;
+            let server = RedisProcess {
+                child,
+                port,
+                dir,
+                extra: extra.clone(),
+            };
             if server.wait_ready(Duration::from_secs(5)).await {
                 return Ok(server);
             }
@@ -66,16 +55,34 @@ impl RedisProcess {
         bail!("redis-server did not start; its last log:\n{last_log}")
     }
 
+    /// Starts the server again on the same port and directory (with `--appendonly yes` in
+    /// `extra`, it comes back with its data), after a [`stop`](Self::stop).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop().await;
+        for _ in 0..START_ATTEMPTS {
+            self.child = spawn_redis(self.port, self.dir.path(), &self.extra)?;
+            if self.wait_ready(Duration::from_secs(5)).await {
+                return Ok(());
+            }
+        }
+        bail!("redis-server did not restart; its log:\n{}", self.log())
+    }
+
+    /// Sends a signal by name (`STOP` freezes it: connections hang instead of failing).
+    pub async fn signal(&self, name: &str) -> anyhow::Result<()> {
+        send_signal(self.child.id(), name).await
+    }
+
     async fn wait_ready(&self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            if let Ok(mut c) = self.connection().await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .is_ok()
-            {
-                return true;
+            if let Ok(mut c) = self.connection().await {
+                match redis::cmd("PING").query_async::<String>(&mut c).await {
+                    // A server with `--requirepass` is up when it asks for the password.
+                    Ok(_) => return true,
+                    Err(e) if e.code() == Some("NOAUTH") => return true,
+                    Err(_) => {}
+                }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -100,6 +107,42 @@ impl RedisProcess {
     pub async fn stop(&mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> anyhow::Result<Child> {
+    Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--appendonly", "no", "--dir"])
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot run redis-server: install it (apt-get install redis-server)")
+}
+
+/// Sends a signal by name with the `kill` command (no unsafe code for `kill(2)`).
+async fn send_signal(pid: Option<u32>, name: &str) -> anyhow::Result<()> {
+    let pid = pid.context("the process has already been collected")?;
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .await?;
+    if !status.success() {
+        bail!("kill -{name} {pid} failed");
+    }
+    Ok(())
 }
 
 fn read_log(path: &Path) -> String {

@@ -14,7 +14,7 @@ use crate::sale::SaleError;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"error": "sold_out", "message": "item 001 is sold out"}))]
 pub struct ErrorBody {
-    /// One of: bad_request, unauthorized, not_found, sold_out, lock_lost, stale_fence,
+    /// One of: bad_request, payload_too_large, unauthorized, not_found, sold_out, lock_lost, stale_fence,
     /// in_progress, lock_timeout, redis_unavailable, internal.
     pub error: String,
     pub message: String,
@@ -24,6 +24,8 @@ pub struct ErrorBody {
 pub enum ApiError {
     /// 400: the message names what is valid.
     BadRequest(String),
+    /// 413: the body is larger than the service accepts.
+    PayloadTooLarge(String),
     /// 401: the admin token is missing or wrong.
     Unauthorized,
     /// 404
@@ -59,7 +61,11 @@ impl From<QueryRejection> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
-        ApiError::BadRequest(rejection.body_text())
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(rejection.body_text())
+        } else {
+            ApiError::BadRequest(rejection.body_text())
+        }
     }
 }
 
@@ -82,6 +88,11 @@ impl ApiError {
     fn parts(&self) -> (StatusCode, &'static str, String) {
         match self {
             ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, "bad_request", m.clone()),
+            ApiError::PayloadTooLarge(m) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                m.clone(),
+            ),
             ApiError::Unauthorized => (
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",

@@ -202,6 +202,7 @@ pub struct ResetRequest {
         (status = 200, description = "The item after the reset", body = Inventory),
         (status = 400, description = "Stock missing, not a number, or out of range", body = ErrorBody,
             example = json!({"error": "bad_request", "message": "stock must be between 0 and 1000000000, got -1"})),
+        (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
         (status = 401, description = "Wrong or missing admin token", body = ErrorBody,
             example = json!({"error": "unauthorized", "message": "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`"})),
         (status = 503, description = "Redis did not answer", body = ErrorBody),

@@ -128,6 +128,17 @@ impl Strategy {
 }
 
 impl RedisLock {
+    /// Whether its release deletes the lock only for its owner, in one atomic step.
+    pub fn release_checks_owner(self) -> bool {
+        match self {
+            RedisLock::Setnx | RedisLock::SetnxTtl | RedisLock::OwnerCheck => false,
+            RedisLock::LuaRelease
+            | RedisLock::Reentrant
+            | RedisLock::Watchdog
+            | RedisLock::Fenced => true,
+        }
+    }
+
     pub fn info(self) -> &'static StrategyInfo {
         match self {
             RedisLock::Setnx => &setnx::INFO,
@@ -317,10 +328,19 @@ impl Locks {
                 (None, Hold::Local(guard))
             }
             Strategy::Redis(lock) => {
-                let fence = self
+                let attempt = self
                     .waiter
-                    .until_acquired(deadline, || self.try_acquire(lock, owner))
-                    .await?;
+                    .until_acquired(deadline, || self.try_acquire(lock, owner));
+                let fence = match attempt.await {
+                    Ok(fence) => fence,
+                    Err(LockError::Redis(e)) => {
+                        if !nested {
+                            self.undo_unanswered_acquire(lock, owner);
+                        }
+                        return Err(LockError::Redis(e));
+                    }
+                    Err(e) => return Err(e),
+                };
                 let renewal = (lock.info().renews && !nested)
                     .then(|| Renewal::start(self.cx.clone(), owner.clone()));
                 (fence, Hold::Redis(lock, renewal))
@@ -372,29 +392,39 @@ impl Locks {
                 // Stop renewing first: a renewal racing the release is harmless (it only
                 // extends a lease this owner still holds), but there is no point to it.
                 drop(renewal);
-                self.release_redis(lock, &owner).await?
+                release_redis(&self.cx, lock, &owner).await?
             }
         };
         tracing::info!(%strategy, %owner, ?released, "lock released");
         Ok(released)
     }
 
-    async fn release_redis(&self, lock: RedisLock, owner: &str) -> RedisResult<Released> {
-        let cx = &self.cx;
-        match lock {
-            RedisLock::Setnx => setnx::release(cx, owner).await,
-            RedisLock::SetnxTtl => setnx_ttl::release(cx, owner).await,
-            RedisLock::OwnerCheck => owner_check::release(cx, owner).await,
-            RedisLock::LuaRelease => lua_release::release(cx, owner).await,
-            RedisLock::Reentrant => reentrant::release(cx, owner).await,
-            RedisLock::Watchdog => watchdog::release(cx, owner).await,
-            RedisLock::Fenced => fenced::release(cx, owner).await,
+    /// An acquire that Redis did not answer in time may still run once Redis wakes up, and
+    /// would then hold the lock for a sale that gave up. A release sent right behind it, on
+    /// the same connection, runs after it and undoes it. Only for releases that check the
+    /// owner atomically: for the others a stray release could delete someone else's lock.
+    fn undo_unanswered_acquire(&self, lock: RedisLock, owner: &str) {
+        if !lock.release_checks_owner() {
+            return;
         }
+        let (cx, owner) = (self.cx.clone(), owner.to_owned());
+        tokio::spawn(async move {
+            if let Err(e) = release_redis(&cx, lock, &owner).await {
+                tracing::debug!(%owner, error = %e, "undoing an unanswered acquire failed; the lease ends it");
+            }
+        });
     }
+}
 
-    /// The lock verbs without waiting or renewal, for tests that drive them by hand.
-    pub fn cx(&self) -> &LockCx {
-        &self.cx
+async fn release_redis(cx: &LockCx, lock: RedisLock, owner: &str) -> RedisResult<Released> {
+    match lock {
+        RedisLock::Setnx => setnx::release(cx, owner).await,
+        RedisLock::SetnxTtl => setnx_ttl::release(cx, owner).await,
+        RedisLock::OwnerCheck => owner_check::release(cx, owner).await,
+        RedisLock::LuaRelease => lua_release::release(cx, owner).await,
+        RedisLock::Reentrant => reentrant::release(cx, owner).await,
+        RedisLock::Watchdog => watchdog::release(cx, owner).await,
+        RedisLock::Fenced => fenced::release(cx, owner).await,
     }
 }
 

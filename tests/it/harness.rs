@@ -28,6 +28,33 @@ impl RedisServer {
         Self(RedisProcess::start(&[]).await.unwrap())
     }
 
+    /// A server that keeps its data across [`restart`](Self::restart) (append-only file,
+    /// fsync on every write).
+    pub async fn start_with(extra: &[&str]) -> Self {
+        Self(RedisProcess::start(extra).await.unwrap())
+    }
+
+    pub fn port(&self) -> u16 {
+        self.0.port
+    }
+
+    pub async fn start_durable() -> Self {
+        let durable = ["--appendonly", "yes", "--appendfsync", "always"];
+        Self(RedisProcess::start(&durable).await.unwrap())
+    }
+
+    pub async fn stop(&mut self) {
+        self.0.stop().await;
+    }
+
+    pub async fn restart(&mut self) {
+        self.0.restart().await.unwrap();
+    }
+
+    pub async fn signal(&self, name: &str) {
+        self.0.signal(name).await.unwrap();
+    }
+
     pub fn url(&self) -> String {
         self.0.url()
     }
@@ -106,6 +133,7 @@ pub struct Instance {
 pub struct Reply {
     pub status: u16,
     pub instance: Option<String>,
+    pub headers: reqwest::header::HeaderMap,
     pub body: Value,
     pub elapsed: Duration,
 }
@@ -129,6 +157,21 @@ impl Instance {
         self.process.pid().expect("instance still running")
     }
 
+    pub async fn signal(&self, name: &str) {
+        self.process.signal(name).await.unwrap();
+    }
+
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        self.process.wait_exit(within).await
+    }
+
+    /// `POST /inventory/sale?<query>` with `Idempotency-Key: <key>`.
+    pub async fn sale_with_key(&self, query: &str, key: &str) -> Reply {
+        let url = self.url(&format!("/inventory/sale?{query}"));
+        self.send(self.http.post(url).header("idempotency-key", key))
+            .await
+    }
+
     pub async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
         let started = Instant::now();
         let response = request.send().await.unwrap_or_else(|e| {
@@ -144,11 +187,13 @@ impl Instance {
             .get("x-instance")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let headers = response.headers().clone();
         let text = response.text().await.unwrap_or_default();
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
         Reply {
             status,
             instance,
+            headers,
             body,
             elapsed: started.elapsed(),
         }

@@ -369,12 +369,26 @@ async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_wi
 
     assert_eq!(sell("pending:o-1").await, -2, "no claim, no sale");
     let _: () = c.set(&key, "pending:o-1").await.unwrap();
-    assert_eq!(sell("pending:o-2").await, -2, "someone else's claim, no sale");
+    assert_eq!(
+        sell("pending:o-2").await,
+        -2,
+        "someone else's claim, no sale"
+    );
     assert_eq!(sell("pending:o-1").await, 4);
     let kept: String = c.get(&key).await.unwrap();
-    assert!(kept.starts_with("sold:") && kept.contains("\"order_id\":\"o-1\""), "{kept}");
-    assert!(pttl(&mut c, &key).await > 50_000, "kept for the configured time");
-    assert_eq!(sell("pending:o-1").await, -2, "the claim is spent: a replay cannot sell again");
+    assert!(
+        kept.starts_with("sold:") && kept.contains("\"order_id\":\"o-1\""),
+        "{kept}"
+    );
+    assert!(
+        pttl(&mut c, &key).await > 50_000,
+        "kept for the configured time"
+    );
+    assert_eq!(
+        sell("pending:o-1").await,
+        -2,
+        "the claim is spent: a replay cannot sell again"
+    );
     let sales: i64 = c.llen(&k.ledger).await.unwrap();
     assert_eq!(sales, 1);
 }

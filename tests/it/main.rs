@@ -6,6 +6,7 @@
 mod api;
 mod harness;
 mod lua;
+mod resilience;
 mod scenarios;
 mod stack;
 mod strategies;

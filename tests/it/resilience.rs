@@ -1,0 +1,486 @@
+//! Behaviour under failure: Redis stopping and freezing, an instance dying with its lock,
+//! retried sales, shutdown, metrics, request ids and secrets. Every wait is for a condition,
+//! bounded by a deadline.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use inventory::store::Keys;
+use redis::AsyncCommands;
+
+use crate::harness::{Cluster, InstanceBuilder, RedisServer, Reply};
+
+/// Polls `check` until it is true or `within` passes; the time it took, if it became true.
+async fn within<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if check().await {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+const REDIS_TIMEOUT_MS: u64 = 400;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_outage_gets_fast_503s_and_sales_resume_within_two_seconds_of_its_return() {
+    let mut redis = RedisServer::start_durable().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .start()
+        .await;
+    app.reset(10).await;
+    assert_eq!(app.sale("").await.status, 200);
+
+    // Refused connections: Redis is gone.
+    redis.stop().await;
+    for strategy in ["fenced", "atomic", "setnx", "local"] {
+        let sale = app.sale(&format!("strategy={strategy}")).await;
+        assert_eq!(
+            (sale.status, sale.error_code()),
+            (503, "redis_unavailable"),
+            "{strategy}: {sale:?}"
+        );
+        assert!(
+            sale.elapsed < Duration::from_millis(REDIS_TIMEOUT_MS + 600),
+            "{strategy}: {sale:?}"
+        );
+    }
+    let ready = app.get("/ready").await;
+    assert_eq!(
+        (ready.status, ready.error_code()),
+        (503, "redis_unavailable")
+    );
+    assert_eq!(app.get("/health").await.status, 200, "alive without Redis");
+
+    redis.restart().await;
+    let recovered = within(Duration::from_secs(2), || async {
+        app.sale("").await.status == 200
+    })
+    .await;
+    assert!(
+        recovered.is_some(),
+        "no sale within 2 s of Redis's return\n{}",
+        app.log()
+    );
+    assert_eq!(app.get("/ready").await.status, 200);
+
+    let audit = app.audit().await;
+    assert_eq!(
+        audit["lost_updates"], 0,
+        "every recorded sale decremented, once: {audit}"
+    );
+    assert_eq!(audit["oversold"], 0, "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_redis_costs_a_sale_the_timeout_and_leaves_no_lock_behind() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .start()
+        .await;
+    app.reset(10).await;
+
+    // Hung connections: Redis accepts but does not answer.
+    redis.signal("STOP").await;
+    let sale = app.sale("strategy=fenced").await;
+    redis.signal("CONT").await;
+    assert_eq!(
+        (sale.status, sale.error_code()),
+        (503, "redis_unavailable"),
+        "{sale:?}"
+    );
+    assert!(
+        sale.elapsed < Duration::from_millis(REDIS_TIMEOUT_MS + 600),
+        "{sale:?}"
+    );
+
+    // The acquire queued in the frozen server ran when it woke; the release sent behind it
+    // undid it, so the next sale does not wait out a 30 s lease.
+    let next = app.sale("strategy=fenced").await;
+    assert_eq!(next.status, 200, "{next:?}");
+    assert!(next.elapsed < Duration::from_secs(2), "{next:?}");
+    let audit = app.audit().await;
+    assert_eq!(audit["lost_updates"], 0, "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_held_by_a_killed_instance_expires_within_its_ttl() {
+    const TTL_MS: u64 = 1_000;
+    let cluster = Cluster::start(2, |b| b.env("LOCK_TTL_MS", TTL_MS)).await;
+    let (holder, survivor) = (&cluster.instances[0], &cluster.instances[1]);
+    holder.reset(5).await;
+    let keys = Keys::new("001");
+    let mut c = cluster.redis.conn().await;
+
+    let long_sale = holder.sale("strategy=watchdog&work_ms=30000");
+    let kill = async {
+        let held = within(Duration::from_secs(5), || {
+            let mut c = c.clone();
+            let lock = keys.lock.clone();
+            async move { c.exists::<_, bool>(lock).await.unwrap_or(false) }
+        })
+        .await;
+        assert!(held.is_some(), "the watchdog sale never took the lock");
+        holder.signal("KILL").await;
+        Instant::now()
+    };
+    let killed_at = tokio::select! {
+        killed_at = kill => killed_at,
+        _ = long_sale => panic!("the sale ended before the kill"),
+    };
+    let pttl: i64 = c.pttl(&keys.lock).await.unwrap();
+    assert!(
+        pttl <= TTL_MS as i64,
+        "the dead holder's lease is at most one TTL: {pttl}"
+    );
+    let gone = within(Duration::from_millis(TTL_MS + 500), || {
+        let mut c = c.clone();
+        let lock = keys.lock.clone();
+        async move { !c.exists::<_, bool>(lock).await.unwrap_or(true) }
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "the lock outlived its TTL: the watchdog did not die with its process"
+    );
+    assert!(killed_at.elapsed() < Duration::from_millis(TTL_MS + 600));
+    let sale = survivor.sale("strategy=watchdog").await;
+    assert_eq!(sale.status, 200, "{sale:?}");
+    assert_eq!(survivor.audit().await["clean"], true);
+}
+
+fn order_id(reply: &Reply) -> String {
+    reply.body["order_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retried_sale_with_an_idempotency_key_replays_the_first_on_either_instance() {
+    let cluster = Cluster::start(2, |b| b).await;
+    let (app1, app2) = (&cluster.instances[0], &cluster.instances[1]);
+    app1.reset(5).await;
+
+    let first = app1.sale_with_key("strategy=fenced", "order-42").await;
+    assert_eq!(first.status, 200);
+    assert!(first.headers.get("idempotent-replayed").is_none());
+    for app in [app1, app2, app1] {
+        let retry = app.sale_with_key("strategy=fenced", "order-42").await;
+        assert_eq!(retry.status, 200, "{retry:?}");
+        assert_eq!(order_id(&retry), order_id(&first), "same order id");
+        assert_eq!(retry.body["remaining"], first.body["remaining"]);
+        assert_eq!(
+            retry
+                .headers
+                .get("idempotent-replayed")
+                .map(|v| v.as_bytes()),
+            Some(&b"true"[..])
+        );
+    }
+    // The same key under another strategy is still the same sale.
+    assert_eq!(
+        order_id(&app2.sale_with_key("strategy=atomic", "order-42").await),
+        order_id(&first)
+    );
+    let audit = app1.audit().await;
+    assert_eq!(
+        (audit["sales"].as_i64(), audit["remaining"].as_i64()),
+        (Some(1), Some(4)),
+        "{audit}"
+    );
+
+    let other = app2.sale_with_key("strategy=atomic", "order-43").await;
+    assert_eq!(other.status, 200);
+    assert_ne!(
+        order_id(&other),
+        order_id(&first),
+        "a new key is a new sale"
+    );
+
+    let bad = app1.sale_with_key("", "no spaces allowed").await;
+    assert_eq!((bad.status, bad.error_code()), (400, "bad_request"));
+    assert!(
+        bad.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("Idempotency-Key")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_while_the_first_attempt_is_in_flight_never_sells_twice() {
+    let cluster = Cluster::start(2, |b| b).await;
+    let (app1, app2) = (&cluster.instances[0], &cluster.instances[1]);
+    app1.reset(5).await;
+    let keys = Keys::new("001");
+    let mut c = cluster.redis.conn().await;
+
+    let first = app1.sale_with_key("strategy=fenced&work_ms=600", "slow-1");
+    let retries = async {
+        let claimed = within(Duration::from_secs(5), || {
+            let mut c = c.clone();
+            let key = keys.idempotency("slow-1");
+            async move { c.exists::<_, bool>(key).await.unwrap_or(false) }
+        })
+        .await;
+        assert!(claimed.is_some());
+        let (a, b) = tokio::join!(
+            app2.sale_with_key("strategy=fenced", "slow-1"),
+            app1.sale_with_key("strategy=atomic", "slow-1")
+        );
+        vec![a, b]
+    };
+    let (first, retries) = tokio::join!(first, retries);
+    assert_eq!(first.status, 200);
+    for retry in &retries {
+        assert_eq!(
+            (retry.status, retry.error_code()),
+            (409, "in_progress"),
+            "{retry:?}"
+        );
+    }
+    let after = app2.sale_with_key("strategy=fenced", "slow-1").await;
+    assert_eq!(order_id(&after), order_id(&first));
+    let audit = app1.audit().await;
+    assert_eq!(audit["sales"], 1, "{audit}");
+    let kept: String = c.get(keys.idempotency("slow-1")).await.unwrap();
+    assert!(kept.starts_with("sold:"), "{kept}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idempotency_keys_expire_after_their_ttl_and_sold_out_is_replayed() {
+    let cluster = Cluster::start(1, |b| b.env("IDEMPOTENCY_TTL_S", 1)).await;
+    let app = &cluster.instances[0];
+    app.reset(1).await;
+    let first = app.sale_with_key("strategy=atomic", "k-1").await;
+    assert_eq!(first.status, 200);
+    let out = app.sale_with_key("strategy=atomic", "k-2").await;
+    assert_eq!((out.status, out.error_code()), (409, "sold_out"));
+    app.reset(1).await;
+    let replayed = app.sale_with_key("strategy=atomic", "k-2").await;
+    assert_eq!(
+        (replayed.status, replayed.error_code()),
+        (409, "sold_out"),
+        "kept outcome"
+    );
+
+    let expired = within(Duration::from_secs(3), || async {
+        app.sale_with_key("strategy=atomic", "k-1").await.status == 200
+            && app.audit().await["sales"] == 1
+    })
+    .await;
+    assert!(expired.is_some(), "after its TTL the key sells again");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_the_sale_in_flight_finish_release_its_lock_and_exit_zero() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let mut app = cluster.instances.into_iter().next().unwrap();
+    app.reset(5).await;
+    let keys = Keys::new("001");
+    let mut c = cluster.redis.conn().await;
+
+    let sale = app.sale("strategy=fenced&work_ms=800");
+    let term = async {
+        let held = within(Duration::from_secs(5), || {
+            let mut c = c.clone();
+            let lock = keys.lock.clone();
+            async move { c.exists::<_, bool>(lock).await.unwrap_or(false) }
+        })
+        .await;
+        assert!(held.is_some());
+        app.signal("TERM").await;
+        Instant::now()
+    };
+    let (sale, termed_at) = tokio::join!(sale, term);
+    assert_eq!(sale.status, 200, "the sale in flight finished: {sale:?}");
+    let status = app.wait_exit(Duration::from_secs(5)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit status {status:?}"
+    );
+    assert!(termed_at.elapsed() < Duration::from_secs(3));
+    let lock_left: bool = c.exists(&keys.lock).await.unwrap();
+    assert!(!lock_left, "the lock was released before exit");
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", app.port))
+            .await
+            .is_err(),
+        "nothing listens any more"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_does_not_wait_for_a_sale_longer_than_the_grace_period() {
+    let cluster = Cluster::start(1, |b| b.env("SHUTDOWN_GRACE_MS", 300)).await;
+    let mut app = cluster.instances.into_iter().next().unwrap();
+    app.reset(5).await;
+    let url = app.url("/inventory/sale?strategy=atomic&work_ms=30000");
+    let stuck = tokio::spawn(async move { reqwest::Client::new().post(url).send().await });
+    let started = within(Duration::from_secs(5), || async {
+        app.get("/metrics").await.body.as_str().is_some()
+    })
+    .await;
+    assert!(started.is_some());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = Instant::now();
+    app.signal("TERM").await;
+    let status = app.wait_exit(Duration::from_secs(5)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(
+        before.elapsed() < Duration::from_secs(2),
+        "exited after {:?}",
+        before.elapsed()
+    );
+    assert!(
+        stuck.await.unwrap().is_err(),
+        "the abandoned request got no answer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_sales_waits_renewals_and_redis_errors() {
+    let mut redis = RedisServer::start_durable().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("LOCK_TTL_MS", 300)
+        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .start()
+        .await;
+    app.reset(2).await;
+    assert_eq!(app.sale("strategy=watchdog&work_ms=500").await.status, 200);
+    assert_eq!(app.sale("strategy=atomic").await.status, 200);
+    assert_eq!(app.sale("strategy=atomic").await.status, 409);
+    redis.stop().await;
+    assert_eq!(app.sale("strategy=atomic").await.status, 503);
+    redis.restart().await;
+
+    let metrics = app.get("/metrics").await;
+    assert_eq!(metrics.status, 200);
+    assert!(
+        metrics.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
+    let text = metrics.body.as_str().unwrap();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series)
+                    .and_then(|rest| rest.trim().parse().ok())
+            })
+            .unwrap_or_else(|| panic!("{series} missing from\n{text}"))
+    };
+    assert_eq!(
+        value(r#"inventory_sales_total{strategy="watchdog",outcome="sold"}"#),
+        1.0
+    );
+    assert_eq!(
+        value(r#"inventory_sales_total{strategy="atomic",outcome="sold"}"#),
+        1.0
+    );
+    assert_eq!(
+        value(r#"inventory_sales_total{strategy="atomic",outcome="sold_out"}"#),
+        1.0
+    );
+    assert_eq!(
+        value(r#"inventory_sales_total{strategy="atomic",outcome="redis_unavailable"}"#),
+        1.0
+    );
+    assert_eq!(
+        value(r#"inventory_lock_wait_seconds_count{strategy="watchdog"}"#),
+        1.0
+    );
+    assert!(
+        value("inventory_lock_renewals_total") >= 2.0,
+        "500 ms of work on a 300 ms lease"
+    );
+    assert!(value("inventory_redis_errors_total") >= 1.0);
+    assert_eq!(value("inventory_locks_lost_total"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_request_id_from_nginx_is_echoed_and_logged() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(3).await;
+    let http = reqwest::Client::new();
+    let reply = app
+        .send(
+            http.post(app.url("/inventory/sale"))
+                .header("x-request-id", "req-7f3a9c"),
+        )
+        .await;
+    assert_eq!(reply.headers["x-request-id"], "req-7f3a9c");
+    let logged = within(Duration::from_secs(2), || async {
+        app.log()
+            .lines()
+            .any(|l| l.contains("stock read") && l.contains("req-7f3a9c"))
+    })
+    .await;
+    assert!(
+        logged.is_some(),
+        "the sale's log lines carry the request id:\n{}",
+        app.log()
+    );
+    let generated = app.get("/health").await;
+    assert!(
+        !generated.headers["x-request-id"].is_empty(),
+        "one is made when none is sent"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_redis_password_never_reaches_logs_errors_or_help() {
+    const PASSWORD: &str = "pw-Zk39fQ";
+    let redis = crate::harness::RedisServer::start_with(&["--requirepass", PASSWORD]).await;
+    let url = format!("redis://:{PASSWORD}@127.0.0.1:{}", redis.port());
+    let wrong = format!("redis://:not-{PASSWORD}@127.0.0.1:{}", redis.port());
+
+    let good = InstanceBuilder::new(&redis, "good")
+        .env("REDIS_URL", &url)
+        .start()
+        .await;
+    good.reset(3).await;
+    assert_eq!(good.sale("").await.status, 200, "authenticated");
+
+    let bad = InstanceBuilder::new(&redis, "bad")
+        .env("REDIS_URL", &wrong)
+        .start()
+        .await;
+    let sale = bad.sale("").await;
+    assert_eq!((sale.status, sale.error_code()), (503, "redis_unavailable"));
+    assert!(!sale.body.to_string().contains(PASSWORD));
+    assert!(!bad.log().contains(PASSWORD), "{}", bad.log());
+    assert!(!good.log().contains(PASSWORD));
+
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_inventory"))
+        .arg("--help")
+        .env("REDIS_URL", &url)
+        .env("ADMIN_TOKEN", "admin-Q81x")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        !help.contains(PASSWORD) && !help.contains("admin-Q81x"),
+        "{help}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_bodies_are_refused() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    let body = format!(r#"{{"stock": 5, "padding": "{}"}}"#, "x".repeat(64 * 1024));
+    let reply = app.put_inventory(&body, None).await;
+    assert_eq!(reply.status, 413, "{reply:?}");
+}
