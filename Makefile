@@ -7,7 +7,7 @@ NGINX_PORT ?= 8080
 LOADTEST_ARGS ?= --stock 100 --requests 1000 --concurrency 64
 REPORT ?= run/report.html
 
-.PHONY: test deps stack-deps fmt-check lint unit openapi-check run openapi release up down status demo scenarios
+.PHONY: test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios
 
 ## demo: install redis-server and nginx if missing, build, start the native stack, load-test every strategy
 demo: stack-deps up
@@ -28,11 +28,12 @@ demo: stack-deps up
 scenarios: stack-deps release
 	target/release/scenarios $(SCENARIO_ARGS)
 
-## test: install what the tests need, then formatting, lints, every test, OpenAPI validation
-test: deps fmt-check lint unit openapi-check
+## test: install what the tests need, then formatting, lints, every test, OpenAPI validation, fuzzing
+test: deps fmt-check lint unit openapi-check fuzz
 
 deps:
-	@scripts/ensure-deps.sh redis-server:redis-server nginx:nginx curl:curl docker-compose:docker-compose
+	@scripts/ensure-deps.sh redis-server:redis-server nginx:nginx curl:curl \
+		docker-compose:docker-compose chromium:chromium chromedriver:chromium-driver
 
 stack-deps:
 	@scripts/ensure-deps.sh redis-server:redis-server nginx:nginx curl:curl
@@ -64,9 +65,11 @@ unit:
 		$(CARGO) test --workspace --no-fail-fast; \
 	fi
 
-$(VENV)/.ready:
+PY_TOOLS := openapi-spec-validator==0.9.0 schemathesis==4.32.5
+
+$(VENV)/.ready: Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check openapi-spec-validator
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(PY_TOOLS)
 	touch $@
 
 ## openapi-check: validate the OpenAPI document against the 3.1 specification
@@ -74,6 +77,11 @@ openapi-check: $(VENV)/.ready
 	@mkdir -p target
 	$(CARGO) run --quiet --bin inventory -- --openapi > target/openapi.json
 	$(VENV)/bin/openapi-spec-validator target/openapi.json
+
+## fuzz: schemathesis against a running instance (its own redis-server), from the OpenAPI document
+fuzz: $(VENV)/.ready
+	$(CARGO) build --quiet --bin inventory
+	VENV=$(VENV) scripts/schemathesis.sh target/debug/inventory
 
 ## openapi: print the OpenAPI document
 openapi:

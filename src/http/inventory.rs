@@ -56,7 +56,7 @@ fn strategy_schema() -> ObjectBuilder {
 impl SaleQuery {
     fn into_request(self, default: Strategy) -> Result<SaleRequest, ApiError> {
         let strategy = match self.strategy.as_deref() {
-            None | Some("") => default,
+            None => default,
             Some(name) => name.parse().map_err(ApiError::BadRequest)?,
         };
         let work_ms = self.work_ms.unwrap_or(0);
@@ -85,7 +85,7 @@ impl SaleQuery {
         SaleQuery,
         ("Idempotency-Key" = Option<String>, Header,
             description = "Makes retries safe: a repeated request with the same key (on either instance) replays the first outcome, with the same `order_id` and the header `Idempotent-Replayed: true`, and never sells twice. 1 to 128 letters, digits, `-`, `_`, `.` or `:`. Kept for `IDEMPOTENCY_TTL_S` (default 24 h).",
-            example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"),
+            pattern = "^[A-Za-z0-9._:-]{1,128}$", example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"),
     ),
     responses(
         (status = 200, description = "One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)", body = Sold),
@@ -146,7 +146,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         SaleQuery,
         ("Idempotency-Key" = Option<String>, Header,
             description = "Makes retries safe: a repeated request with the same key (on either instance) replays the first outcome, with the same `order_id` and the header `Idempotent-Replayed: true`, and never sells twice. 1 to 128 letters, digits, `-`, `_`, `.` or `:`. Kept for `IDEMPOTENCY_TTL_S` (default 24 h).",
-            example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"),
+            pattern = "^[A-Za-z0-9._:-]{1,128}$", example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"),
     ),
     responses(
         (status = 200, description = "One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)", body = Sold),
@@ -184,7 +184,22 @@ async fn get_inventory(State(app): State<Arc<AppState>>) -> Result<Json<Inventor
 pub struct ResetRequest {
     /// New stock, 0..=1000000000.
     #[schema(minimum = 0, maximum = 1_000_000_000)]
+    #[serde(deserialize_with = "whole_number")]
     pub stock: i64,
+}
+
+/// JSON Schema counts `5.0` as an integer, so the API does too; `5.5` is refused.
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    let n = serde_json::Number::deserialize(d)?;
+    if let Some(i) = n.as_i64() {
+        return Ok(i);
+    }
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(f as i64),
+        _ => Err(serde::de::Error::custom(format!(
+            "stock must be a whole number, got {n}"
+        ))),
+    }
 }
 
 /// Reset the stock

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod api;
+mod browser;
 mod harness;
 mod lua;
 mod resilience;

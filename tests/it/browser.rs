@@ -1,0 +1,124 @@
+//! Swagger UI in a real browser: Debian's Chromium, headless, driven through chromedriver,
+//! clicks "Try it out" and "Execute" on the sale, and the sale shows up in Redis.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use fantoccini::{ClientBuilder, Locator};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use crate::harness::{Cluster, free_port};
+
+struct ChromeDriver {
+    _child: Child,
+    port: u16,
+}
+
+impl ChromeDriver {
+    async fn start() -> Self {
+        let driver = ["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("chromedriver is not installed (`make test` installs chromium-driver)");
+        let port = free_port();
+        let child = Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run chromedriver");
+        let status = format!("http://127.0.0.1:{port}/status");
+        for _ in 0..200 {
+            if reqwest::get(&status)
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return Self {
+                    _child: child,
+                    port,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("chromedriver did not start on port {port}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn swagger_ui_try_it_out_sells_an_item() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(3).await;
+    let driver = ChromeDriver::start().await;
+    let profile = tempfile::tempdir().unwrap();
+
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": "/usr/bin/chromium",
+            "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-quic", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--window-size=1280,2000",
+                format!("--user-data-dir={}", profile.path().display()),
+            ]
+        }),
+    );
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    let browser = ClientBuilder::new(connector)
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .expect("start headless chromium");
+
+    let outcome = async {
+        browser.goto(&app.url("/swagger-ui/")).await?;
+        let operation = browser
+            .wait()
+            .at_most(Duration::from_secs(20))
+            .for_element(Locator::Css("#operations-sale-sale"))
+            .await?;
+        let summary = operation.find(Locator::Css(".opblock-summary")).await?;
+        assert!(
+            summary.text().await?.contains("/inventory/sale"),
+            "the sale operation is listed"
+        );
+        summary.click().await?;
+        browser
+            .wait()
+            .for_element(Locator::Css("#operations-sale-sale .try-out__btn"))
+            .await?
+            .click()
+            .await?;
+        browser
+            .wait()
+            .for_element(Locator::Css("#operations-sale-sale .execute"))
+            .await?
+            .click()
+            .await?;
+        let status = browser
+            .wait()
+            .at_most(Duration::from_secs(20))
+            .for_element(Locator::Css(
+                "#operations-sale-sale .live-responses-table tr.response .response-col_status",
+            ))
+            .await?
+            .text()
+            .await?;
+        Ok::<_, fantoccini::error::CmdError>(status)
+    }
+    .await;
+    let _ = browser.close().await;
+    let status = outcome.expect("drive Swagger UI");
+    assert_eq!(status.trim(), "200", "Swagger UI shows the sale's status");
+
+    let audit = app.audit().await;
+    assert_eq!(
+        (audit["sales"].as_i64(), audit["remaining"].as_i64()),
+        (Some(1), Some(2)),
+        "{audit}"
+    );
+}
