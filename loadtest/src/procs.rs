@@ -285,18 +285,7 @@ impl InventoryProcess {
 
     /// Sends a signal by name (`KILL`, `STOP`, `CONT`, `TERM`) with the `kill` command.
     pub async fn signal(&self, name: &str) -> anyhow::Result<()> {
-        let pid = self
-            .pid()
-            .context("the process has already been collected")?;
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(pid.to_string())
-            .status()
-            .await?;
-        if !status.success() {
-            bail!("kill -{name} {pid} failed");
-        }
-        Ok(())
+        send_signal(self.pid(), name).await
     }
 
     /// Waits for the process to exit, for at most `within`; its exit status, if it did.

@@ -4,8 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
+use axum::extract::FromRequestParts;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderValue;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
@@ -47,6 +49,22 @@ pub struct SaleQuery {
     pub reenter: Option<bool>,
 }
 
+/// The headers a sale reads.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct SaleHeaders {
+    /// Makes retries safe: a repeated request with the same key (on either instance) replays
+    /// the first outcome, with the same `order_id` and the header `Idempotent-Replayed: true`,
+    /// and never sells twice. 1 to 128 letters, digits, `-`, `_`, `.` or `:`. Kept for
+    /// `IDEMPOTENCY_TTL_S` (default 24 h).
+    #[param(
+        rename = "Idempotency-Key",
+        pattern = "^[A-Za-z0-9._:-]{1,128}$",
+        example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"
+    )]
+    pub idempotency_key: Option<String>,
+}
+
 fn strategy_schema() -> ObjectBuilder {
     ObjectBuilder::new()
         .schema_type(Type::String)
@@ -81,12 +99,7 @@ impl SaleQuery {
     post,
     path = "/inventory/sale",
     tag = TAG_SALE,
-    params(
-        SaleQuery,
-        ("Idempotency-Key" = Option<String>, Header,
-            description = "Makes retries safe: a repeated request with the same key (on either instance) replays the first outcome, with the same `order_id` and the header `Idempotent-Replayed: true`, and never sells twice. 1 to 128 letters, digits, `-`, `_`, `.` or `:`. Kept for `IDEMPOTENCY_TTL_S` (default 24 h).",
-            pattern = "^[A-Za-z0-9._:-]{1,128}$", example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"),
-    ),
+    params(SaleQuery, SaleHeaders),
     responses(
         (status = 200, description = "One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)", body = Sold),
         (status = 400, description = "Unknown strategy, `work_ms` out of range or a malformed `Idempotency-Key`; the message names the valid values", body = ErrorBody,
@@ -100,11 +113,11 @@ impl SaleQuery {
 )]
 async fn sale(
     State(app): State<Arc<AppState>>,
-    headers: HeaderMap,
+    headers: SaleHeaders,
     ApiQuery(query): ApiQuery<SaleQuery>,
 ) -> Result<Response, ApiError> {
     let request = query.into_request(app.default_strategy)?;
-    let key = idempotency_key(&headers)?;
+    let key = headers.idempotency_key;
     // The sale runs in its own task: a client that hangs up must not abandon it half-way,
     // between taking the lock and releasing it. The task keeps the request's span, and so
     // its request id.
@@ -121,17 +134,24 @@ async fn sale(
     Ok(response)
 }
 
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
 const REPLAYED: &str = "idempotent-replayed";
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
-        return Ok(None);
-    };
-    let invalid = || ApiError::BadRequest(idempotency::INVALID_KEY.to_owned());
-    let key = value.to_str().map_err(|_| invalid())?;
-    idempotency::validate(key).map_err(|_| invalid())?;
-    Ok(Some(key.to_owned()))
+impl<S: Send + Sync> FromRequestParts<S> for SaleHeaders {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get("idempotency-key") else {
+            return Ok(Self {
+                idempotency_key: None,
+            });
+        };
+        let invalid = || ApiError::BadRequest(idempotency::INVALID_KEY.to_owned());
+        let key = value.to_str().map_err(|_| invalid())?;
+        idempotency::validate(key).map_err(|_| invalid())?;
+        Ok(Self {
+            idempotency_key: Some(key.to_owned()),
+        })
+    }
 }
 
 /// Sell one item (GET, as in the tutorial)
@@ -142,12 +162,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     get,
     path = "/inventory/sale",
     tag = TAG_SALE,
-    params(
-        SaleQuery,
-        ("Idempotency-Key" = Option<String>, Header,
-            description = "Makes retries safe: a repeated request with the same key (on either instance) replays the first outcome, with the same `order_id` and the header `Idempotent-Replayed: true`, and never sells twice. 1 to 128 letters, digits, `-`, `_`, `.` or `:`. Kept for `IDEMPOTENCY_TTL_S` (default 24 h).",
-            pattern = "^[A-Za-z0-9._:-]{1,128}$", example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"),
-    ),
+    params(SaleQuery, SaleHeaders),
     responses(
         (status = 200, description = "One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)", body = Sold),
         (status = 400, description = "Unknown strategy, `work_ms` out of range or a malformed `Idempotency-Key`; the message names the valid values", body = ErrorBody),
@@ -158,7 +173,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 )]
 async fn sale_get(
     state: State<Arc<AppState>>,
-    headers: HeaderMap,
+    headers: SaleHeaders,
     query: ApiQuery<SaleQuery>,
 ) -> Result<Response, ApiError> {
     sale(state, headers, query).await
