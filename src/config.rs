@@ -122,13 +122,6 @@ impl Config {
     pub fn redis_timeout(&self) -> Duration {
         Duration::from_millis(self.redis_timeout_ms)
     }
-
-    /// The defaults, as a local run would get them with no flag and no environment.
-    pub fn for_tests(redis_url: &str) -> Self {
-        let mut config = Self::parse_from(["inventory"]);
-        config.redis_url = redis_url.to_owned();
-        config
-    }
 }
 
 fn parse_strategy(name: &str) -> Result<Strategy, String> {

@@ -121,13 +121,13 @@ pub struct Seller {
 }
 
 /// One attempt at a sale: what was asked, under which order id, holding which claim.
-struct Attempt {
+struct SaleAttempt {
     request: SaleRequest,
     order_id: String,
     claim: Option<Claim>,
 }
 
-impl Attempt {
+impl SaleAttempt {
     fn entry<'a>(&'a self, instance: &'a str) -> Entry<'a> {
         Entry {
             order_id: &self.order_id,
@@ -154,7 +154,7 @@ impl Seller {
                 Err(prior) => return self.replay(request.strategy, prior),
             },
         };
-        let attempt = Attempt {
+        let attempt = SaleAttempt {
             request,
             order_id,
             claim,
@@ -234,13 +234,13 @@ impl Seller {
         }
     }
 
-    async fn sell_atomic(&self, attempt: &Attempt) -> Result<Sold, SaleError> {
+    async fn sell_atomic(&self, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
         tokio::time::sleep(attempt.request.work).await;
         let recorded = atomic_sell(&self.store, &attempt.entry(&self.instance)).await?;
         self.recorded(attempt, recorded, None, Duration::ZERO)
     }
 
-    async fn sell_locked(&self, attempt: &Attempt) -> Result<Sold, SaleError> {
+    async fn sell_locked(&self, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
         // Per request, never per thread: tokio moves a sale between threads at every await.
         let owner: Arc<str> = format!("{}:{}", self.instance, attempt.order_id).into();
         let deadline = Instant::now() + self.wait_budget;
@@ -266,7 +266,11 @@ impl Seller {
         outcome
     }
 
-    async fn read_work_write(&self, guard: &Guard, attempt: &Attempt) -> Result<Sold, SaleError> {
+    async fn read_work_write(
+        &self,
+        guard: &Guard,
+        attempt: &SaleAttempt,
+    ) -> Result<Sold, SaleError> {
         let order_id = &attempt.order_id;
         let fence = guard.fence();
         let stock = match fence {
@@ -294,7 +298,7 @@ impl Seller {
 
     fn recorded(
         &self,
-        attempt: &Attempt,
+        attempt: &SaleAttempt,
         recorded: Recorded,
         fence: Option<u64>,
         waited: Duration,

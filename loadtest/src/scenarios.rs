@@ -329,7 +329,9 @@ async fn two_instances(env: &Env, strategy: Strategy) -> anyhow::Result<(Observe
             .entry(r.body["instance"].as_str().unwrap_or("?").to_owned())
             .or_default() += 1;
     }
-    let observed = if sold_by.len() < 2 {
+    // The fault is both instances selling from the same stock: each must have read it.
+    let reads = |app: &str| env.timeline.count(|e| e.is(app, "stock read"));
+    let observed = if reads("app1") == 0 || reads("app2") == 0 {
         Observed::Missed
     } else if !audit.clean {
         Observed::Flaw

@@ -265,7 +265,8 @@ pub struct Guard {
 
 enum Hold {
     Nothing,
-    Local(#[allow(dead_code)] OwnedMutexGuard<()>),
+    /// Held until the guard is released (or dropped).
+    Local(OwnedMutexGuard<()>),
     Redis(RedisLock, Option<Renewal>),
 }
 
