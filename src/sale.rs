@@ -281,7 +281,7 @@ impl Seller {
             None => self.store.read_stock().await?,
         }
         .unwrap_or(0);
-        tracing::info!(%order_id, stock, fence, "stock read");
+        tracing::debug!(%order_id, stock, fence, "stock read");
         if stock <= 0 {
             return Err(SaleError::SoldOut);
         }

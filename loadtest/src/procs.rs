@@ -184,7 +184,7 @@ pub fn default_env(redis_url: &str, name: &str) -> BTreeMap<String, String> {
         ("RELEASE_GAP_MS", "0"),
         ("ADMIN_TOKEN", ""),
         ("LOG_FORMAT", "json"),
-        ("RUST_LOG", "info,inventory::lock::renewal=debug"),
+        ("RUST_LOG", "info,inventory=debug"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))

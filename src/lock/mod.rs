@@ -351,7 +351,7 @@ impl Locks {
         if !nested {
             self.cx.store.metrics().lock_wait(strategy, waited);
         }
-        tracing::info!(%strategy, %owner, fence, nested, waited_ms = waited.as_millis() as u64, "lock acquired");
+        tracing::debug!(%strategy, %owner, fence, nested, waited_ms = waited.as_millis() as u64, "lock acquired");
         Ok(Guard {
             strategy,
             owner: owner.clone(),
@@ -396,7 +396,7 @@ impl Locks {
                 release_redis(&self.cx, lock, &owner).await?
             }
         };
-        tracing::info!(%strategy, %owner, ?released, "lock released");
+        tracing::debug!(%strategy, %owner, ?released, "lock released");
         Ok(released)
     }
 
