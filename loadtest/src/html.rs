@@ -206,3 +206,73 @@ fn escape(s: &str) -> String {
         .replace('>', "&gt;")
         .replace('"', "&quot;")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Latency, StrategyReport};
+
+    fn report(strategy: &str, sold: u64, verdict: Verdict) -> StrategyReport {
+        StrategyReport {
+            strategy: strategy.into(),
+            stock: 10,
+            requests: 20,
+            sold,
+            sold_out: 20 - sold,
+            refused: 0,
+            errors: 0,
+            error_kinds: Default::default(),
+            oversold: sold.saturating_sub(10) as i64,
+            lost_updates: 0,
+            duplicates: 0,
+            remaining: 0,
+            audit_sales: sold as i64,
+            instances: [("app1".to_owned(), sold)].into(),
+            duration_s: 1.0,
+            throughput_rps: 20.0,
+            sales_per_s: sold as f64,
+            latency_ms: Latency {
+                p50: 1.0,
+                p90: 2.0,
+                p99: 3.0,
+                max: 4.0,
+            },
+            agrees: true,
+            disagreement: None,
+            verdict,
+        }
+    }
+
+    #[test]
+    fn the_report_draws_every_strategy_and_marks_the_oversold_red() {
+        let plan = Plan {
+            target: "http://127.0.0.1:8080/<x>".into(),
+            strategies: vec![],
+            stock: 10,
+            requests: 20,
+            concurrency: 4,
+            work_ms: 0,
+            admin_token: None,
+        };
+        let page = render(
+            &plan,
+            &[
+                report("local", 14, Verdict::Oversold),
+                report("fenced", 10, Verdict::Safe),
+            ],
+        );
+        assert!(page.starts_with("<!doctype html>") && page.ends_with("</html>\n"));
+        assert_eq!(
+            page.matches("<svg").count(),
+            3,
+            "sold, throughput and latency charts"
+        );
+        assert!(page.contains(&format!("fill=\"{BAD}\"><title>14 sold")));
+        assert!(page.contains(&format!("fill=\"{SAFE}\"><title>10 sold")));
+        assert!(
+            page.contains("&lt;x&gt;") && !page.contains("<x>"),
+            "the target is escaped"
+        );
+        assert!(!page.contains("<script"), "no script, nothing fetched");
+    }
+}
