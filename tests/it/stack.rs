@@ -335,3 +335,69 @@ async fn the_compose_file_validates_offline_and_agrees_with_the_native_stack() {
     let nginx = std::fs::read_to_string(repo_path("nginx/nginx.conf")).unwrap();
     assert!(nginx.contains("server app1:7777;") && nginx.contains("server app2:8888;"));
 }
+
+/// Sends one long sale through nginx, kills the instance that holds its lock, and returns
+/// what the client got and how many sales the surviving instance's audit shows.
+async fn a_sale_whose_instance_dies(method: reqwest::Method) -> (u16, serde_json::Value) {
+    let stack = Stack::start(|b| b).await;
+    stack.cluster.instances[0].reset(5).await;
+    let lock = inventory::store::Keys::new("001").lock;
+    let mut c = stack.cluster.redis.conn().await;
+
+    let url = format!(
+        "{}/inventory/sale?strategy=fenced&work_ms=3000",
+        stack.nginx.url()
+    );
+    let request = stack.http.request(method, url).send();
+    let kill_the_holder = async {
+        let holder = loop {
+            let owners: Vec<String> = redis::AsyncCommands::hkeys(&mut c, &lock).await.unwrap();
+            if let Some(owner) = owners.first() {
+                break owner.split(':').next().unwrap().to_owned();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        let victim = stack
+            .cluster
+            .instances
+            .iter()
+            .find(|i| i.name == holder)
+            .unwrap();
+        Command::new("kill")
+            .args(["-KILL", &victim.pid().to_string()])
+            .status()
+            .unwrap();
+        holder
+    };
+    let (response, holder) = tokio::join!(request, kill_the_holder);
+    let survivor = stack
+        .cluster
+        .instances
+        .iter()
+        .find(|i| i.name != holder)
+        .unwrap();
+    (response.unwrap().status().as_u16(), survivor.audit().await)
+}
+
+/// A sale that reached an instance which then died must not be resent to the other one:
+/// that would sell although the client is told it failed, or sell twice on a retry.
+#[tokio::test(flavor = "multi_thread")]
+async fn nginx_never_resends_a_post_sale_whose_instance_died_mid_request() {
+    let (status, audit) = a_sale_whose_instance_dies(reqwest::Method::POST).await;
+    assert_eq!(status, 502);
+    assert_eq!(
+        audit["sales"], 0,
+        "the sale was resent to the other instance: {audit}"
+    );
+}
+
+/// nginx thinks GET is idempotent and would resend it; the tutorial's GET sale is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn nginx_never_resends_a_get_sale_whose_instance_died_mid_request() {
+    let (status, audit) = a_sale_whose_instance_dies(reqwest::Method::GET).await;
+    assert_eq!(status, 502);
+    assert_eq!(
+        audit["sales"], 0,
+        "the sale was resent to the other instance: {audit}"
+    );
+}
