@@ -166,15 +166,29 @@ mod tests {
 
     #[test]
     fn defaults_match_the_documented_ones() {
-        let config = Config::parse_from(["inventory"]);
-        assert_eq!(config.port, 7777);
+        // Read from the argument definitions, not from a parse, so that variables set in
+        // the environment running the tests cannot change the answer.
+        use clap::CommandFactory;
+        let command = Config::command();
+        let default = |id: &str| {
+            let arg = command.get_arguments().find(|a| a.get_id() == id).unwrap();
+            arg.get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect::<String>()
+        };
+        assert_eq!(default("port"), "7777");
+        assert_eq!(default("redis_url"), "redis://127.0.0.1:6379");
+        assert_eq!(default("lock_strategy"), "fenced");
+        assert_eq!(default("lock_ttl_ms"), "30000");
+        assert_eq!(default("lock_wait_ms"), "10000");
+        assert_eq!(default("lock_wait"), "notify");
+        assert_eq!(default("item_id"), "001");
+        assert_eq!(default("instance_name"), "", "derived from host and port");
         assert_eq!(
-            config.lock_strategy,
-            Strategy::Redis(crate::lock::RedisLock::Fenced)
+            default("admin_token"),
+            "",
+            "unset leaves admin endpoints open"
         );
-        assert_eq!(config.lock_ttl_ms, 30_000);
-        assert_eq!(config.lock_wait_ms, 10_000);
-        assert_eq!(config.lock_wait, WaitMode::Notify);
-        assert_eq!(config.item_id, "001");
     }
 }
