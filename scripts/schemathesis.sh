@@ -5,8 +5,9 @@
 # Usage: scripts/schemathesis.sh [path/to/inventory] (default: target/debug/inventory)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin=${1:-$root/target/debug/inventory}
-venv=${VENV:-$root/.venv}
+# Absolute paths: the fuzzer runs from a scratch directory.
+bin=$(realpath "${1:-$root/target/debug/inventory}")
+venv=$(realpath "${VENV:-$root/.venv}")
 work=$(mktemp -d)
 pids=()
 cleanup() {
