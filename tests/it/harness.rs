@@ -66,6 +66,30 @@ impl RedisServer {
             .expect("connect to the test redis")
     }
 
+    /// Waits until `key` exists (`present`) or is gone (`!present`), for at most `within`;
+    /// how long that took, if it happened.
+    pub async fn wait_for_key(
+        &self,
+        key: &str,
+        present: bool,
+        within: Duration,
+    ) -> Option<Duration> {
+        let mut c = self.conn().await;
+        let started = Instant::now();
+        while started.elapsed() < within {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(key)
+                .query_async(&mut c)
+                .await
+                .unwrap_or(!present);
+            if exists == present {
+                return Some(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
     /// Every key with its `DUMP`, to show that a request changed nothing.
     pub async fn snapshot(&self) -> BTreeMap<String, Vec<u8>> {
         let mut c = self.conn().await;

@@ -124,12 +124,10 @@ async fn a_lock_held_by_a_killed_instance_expires_within_its_ttl() {
     let url = holder.url("/inventory/sale?strategy=watchdog&work_ms=30000");
     let long_sale = tokio::spawn(async move { reqwest::Client::new().post(url).send().await });
     let killed_at = {
-        let held = within(Duration::from_secs(5), || {
-            let mut c = c.clone();
-            let lock = keys.lock.clone();
-            async move { c.exists::<_, bool>(lock).await.unwrap_or(false) }
-        })
-        .await;
+        let held = cluster
+            .redis
+            .wait_for_key(&keys.lock, true, Duration::from_secs(5))
+            .await;
         assert!(held.is_some(), "the watchdog sale never took the lock");
         holder.signal("KILL").await;
         Instant::now()
@@ -143,12 +141,10 @@ async fn a_lock_held_by_a_killed_instance_expires_within_its_ttl() {
         pttl <= TTL_MS as i64,
         "the dead holder's lease is at most one TTL: {pttl}"
     );
-    let gone = within(Duration::from_millis(TTL_MS + 500), || {
-        let mut c = c.clone();
-        let lock = keys.lock.clone();
-        async move { !c.exists::<_, bool>(lock).await.unwrap_or(true) }
-    })
-    .await;
+    let gone = cluster
+        .redis
+        .wait_for_key(&keys.lock, false, Duration::from_millis(TTL_MS + 500))
+        .await;
     assert!(
         gone.is_some(),
         "the lock outlived its TTL: the watchdog did not die with its process"
@@ -228,12 +224,10 @@ async fn a_retry_while_the_first_attempt_is_in_flight_never_sells_twice() {
 
     let first = app1.sale_with_key("strategy=fenced&work_ms=600", "slow-1");
     let retries = async {
-        let claimed = within(Duration::from_secs(5), || {
-            let mut c = c.clone();
-            let key = keys.idempotency("slow-1");
-            async move { c.exists::<_, bool>(key).await.unwrap_or(false) }
-        })
-        .await;
+        let claimed = cluster
+            .redis
+            .wait_for_key(&keys.idempotency("slow-1"), true, Duration::from_secs(5))
+            .await;
         assert!(claimed.is_some());
         let (a, b) = tokio::join!(
             app2.sale_with_key("strategy=fenced", "slow-1"),
@@ -293,12 +287,10 @@ async fn sigterm_lets_the_sale_in_flight_finish_release_its_lock_and_exit_zero()
 
     let sale = app.sale("strategy=fenced&work_ms=800");
     let term = async {
-        let held = within(Duration::from_secs(5), || {
-            let mut c = c.clone();
-            let lock = keys.lock.clone();
-            async move { c.exists::<_, bool>(lock).await.unwrap_or(false) }
-        })
-        .await;
+        let held = cluster
+            .redis
+            .wait_for_key(&keys.lock, true, Duration::from_secs(5))
+            .await;
         assert!(held.is_some());
         app.signal("TERM").await;
         Instant::now()
