@@ -2,13 +2,18 @@
 //! `redis-server` and `inventory` come from `loadtest::procs` (the fault scenarios start
 //! theirs the same way); nginx is rendered from the native stack's template. A failure to
 //! start puts the process's log into the panic message.
+//!
+//! Each runs in a process group and a temporary working directory of its own, and is
+//! stopped with its whole group (`loadtest::procs::ProcessGroup`), also when a test panics:
+//! `tests/it/leaks.rs` looks for anything left.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use loadtest::procs::{InventoryProcess, RedisProcess, default_env};
+use loadtest::procs::{DEFAULT_GRACE, InventoryProcess, ProcessGroup, RedisProcess, default_env};
+use nix::sys::signal::Signal;
 use redis::aio::MultiplexedConnection;
 use serde_json::Value;
 use tempfile::TempDir;
@@ -43,8 +48,23 @@ impl RedisServer {
         Self(RedisProcess::start(&durable).await.unwrap())
     }
 
+    /// Kills the server (a crash: only what reached the append-only file survives).
     pub async fn stop(&mut self) {
         self.0.stop().await;
+    }
+
+    /// Stops the server gracefully (SIGTERM), then makes sure nothing of it is left.
+    pub async fn shutdown(&mut self) {
+        self.0.shutdown().await;
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.0.pid()
+    }
+
+    /// Its data and working directory.
+    pub fn dir(&self) -> &Path {
+        self.0.dir()
     }
 
     pub async fn restart(&mut self) {
@@ -189,6 +209,16 @@ impl Instance {
         self.process.wait_exit(within).await
     }
 
+    /// SIGTERM (it drains and exits), bounded, then nothing of it is left.
+    pub async fn stop(&mut self) {
+        self.process.stop().await;
+    }
+
+    /// Its working directory, a temporary one of its own.
+    pub fn dir(&self) -> &Path {
+        self.process.dir()
+    }
+
     /// `POST /inventory/sale?<query>` with `Idempotency-Key: <key>`.
     pub async fn sale_with_key(&self, query: &str, key: &str) -> Reply {
         let url = self.url(&format!("/inventory/sale?{query}"));
@@ -293,8 +323,13 @@ impl Cluster {
 
 /// A real nginx in front of the instances, rendered from the native stack's template.
 pub struct Nginx {
-    child: Child,
+    /// The master, leading the group its workers inherit. Stopped with SIGQUIT (finish the
+    /// requests in flight), then SIGKILL to the group: a master killed alone leaves its
+    /// workers running, adopted by init, still listening.
+    process: ProcessGroup,
     pub port: u16,
+    /// Configuration, logs and working directory; removed after the process is gone (fields
+    /// drop in order).
     dir: TempDir,
 }
 
@@ -320,19 +355,22 @@ impl Nginx {
             let conf_path = dir.path().join("nginx.conf");
             std::fs::write(&conf_path, conf).expect("write nginx.conf");
             let error_log = dir.path().join("nginx-error.log");
-            let child = Command::new(nginx)
+            let mut command = tokio::process::Command::new(nginx);
+            command
                 .arg("-e")
                 .arg(&error_log)
                 .arg("-p")
                 .arg(dir.path())
                 .arg("-c")
                 .arg(&conf_path)
+                // In the foreground, so it stays our child and keeps the group we give it.
                 .args(["-g", "daemon off;"])
+                .current_dir(dir.path())
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
+                .stderr(Stdio::null());
+            let process = ProcessGroup::spawn(&mut command, Signal::SIGQUIT, DEFAULT_GRACE)
                 .expect("run nginx");
-            let mut server = Nginx { child, port, dir };
+            let mut server = Nginx { process, port, dir };
             if server.wait_listening(Duration::from_secs(5)).await {
                 return server;
             }
@@ -344,7 +382,7 @@ impl Nginx {
     async fn wait_listening(&mut self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
+            if self.process.has_exited() {
                 return false;
             }
             if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
@@ -367,10 +405,19 @@ impl Nginx {
     }
 }
 
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl Nginx {
+    /// Graceful stop (SIGQUIT), bounded, then SIGKILL to whatever is left of the group.
+    pub async fn stop(&mut self) {
+        self.process.stop().await;
+    }
+
+    /// The master's pid, which is also its group's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.id()
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 }
 
@@ -394,6 +441,16 @@ impl Stack {
             nginx,
             http: reqwest::Client::new(),
         }
+    }
+
+    /// Stops everything as an operator would, front to back: nginx, then the instances, then
+    /// Redis, each gracefully and then with its whole process group.
+    pub async fn stop(mut self) {
+        self.nginx.stop().await;
+        for instance in &mut self.cluster.instances {
+            instance.stop().await;
+        }
+        self.cluster.redis.shutdown().await;
     }
 
     /// `Instance`'s helpers, aimed at nginx instead of one instance.
