@@ -7,17 +7,26 @@
 #   scripts/stack.sh status   show what runs
 #
 # Ports and paths come from the environment; the defaults match docker-compose.yml.
+#
+# Every process runs with the run directory as its working directory, and leads a process
+# group of its own (redis-server and nginx make one when they daemonize, the instances are
+# started with setsid). `down` stops a service by signalling that group, so whatever it
+# forked goes too: nginx's workers outlive a master killed alone, adopted by init and still
+# listening.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-RUN_DIR=${RUN_DIR:-$root/run}
+# Absolute, because the processes are started from inside the run directory.
+RUN_DIR=$(realpath -m "${RUN_DIR:-$root/run}")
 REDIS_PORT=${REDIS_PORT:-6380}
 APP1_PORT=${APP1_PORT:-7777}
 APP2_PORT=${APP2_PORT:-8888}
 NGINX_PORT=${NGINX_PORT:-8080}
-INVENTORY_BIN=${INVENTORY_BIN:-$root/target/release/inventory}
+INVENTORY_BIN=$(realpath -m "${INVENTORY_BIN:-$root/target/release/inventory}")
 NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-30}
+# How long `down` waits for a graceful stop before it kills what is left.
+STOP_TIMEOUT_S=${STOP_TIMEOUT_S:-10}
 
 services=(redis app1 app2 nginx)
 
@@ -36,9 +45,16 @@ port_of() {
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 die() { echo "stack: $*" >&2; exit 1; }
 
+# The stock lives only in Redis, so Redis keeps it on disk: the append-only file logs every
+# write and is replayed on start, and a restart no longer loses the stock. fsync once a
+# second, not on every write ("always"): a crash of the machine (not of Redis, whose writes
+# are in the kernel already) can lose at most the last second of sales, where "always" would
+# put a disk flush into every sale made under the lock. RDB snapshots stay off ("save"):
+# the append-only file is the one copy, and no periodic fork doubles the memory.
 start_redis() {
   mkdir -p "$RUN_DIR/redis"
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" \
+    --appendonly yes --appendfsync everysec \
     --dir "$RUN_DIR/redis" --daemonize yes --pidfile "$(pidfile redis)" \
     --logfile "$RUN_DIR/redis.log" >/dev/null
   for _ in $(seq 100); do
@@ -51,9 +67,12 @@ start_redis() {
 start_app() {
   local name=$1 port=$2
   [ -x "$INVENTORY_BIN" ] || die "no binary at $INVENTORY_BIN (build it: cargo build --release)"
+  # setsid: a session and process group of its own, so that `down` can signal the group,
+  # and so that a Ctrl-C in the terminal that ran `up` does not reach it. It execs (no
+  # fork: a background job of a script is no group leader), so $! is the instance itself.
   PORT=$port BIND_ADDR=127.0.0.1 INSTANCE_NAME=$name \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
-    nohup "$INVENTORY_BIN" >>"$RUN_DIR/$name.log" 2>&1 </dev/null &
+    setsid "$INVENTORY_BIN" >>"$RUN_DIR/$name.log" 2>&1 </dev/null &
   echo $! >"$(pidfile "$name")"
 }
 
@@ -82,6 +101,7 @@ wait_ready() {
 
 up() {
   mkdir -p "$RUN_DIR"
+  cd "$RUN_DIR"
   local svc port
   for svc in "${services[@]}"; do
     if ! running "$svc" && listening "$(port_of "$svc")"; then
@@ -105,20 +125,64 @@ up() {
   echo "stack ready: http://127.0.0.1:$NGINX_PORT (run dir $RUN_DIR)"
 }
 
-down() {
-  local svc pid
-  for svc in nginx app1 app2 redis; do
-    running "$svc" || { rm -f "$(pidfile "$svc")"; continue; }
-    pid=$(cat "$(pidfile "$svc")")
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do alive "$pid" || break; sleep 0.1; done
-    if alive "$pid"; then
-      echo "$svc (pid $pid) ignored SIGTERM for 10s; killing it" >&2
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$(pidfile "$svc")"
-    echo "$svc stopped"
+# The live processes that belong to the service whose leader had pid $1 and whose command
+# name starts with $2: its process group (which survives the leader) and its children
+# (should one have left the group). The name guards against a pid reused since.
+members() {
+  local leader=$1 name=$2 file stat pid rest comm state ppid pgrp
+  for file in /proc/[0-9]*/stat; do
+    # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split at the last ')'.
+    { read -r stat <"$file"; } 2>/dev/null || continue
+    pid=${stat%% *}
+    comm=${stat#*(}; comm=${comm%)*}
+    rest=${stat##*) }
+    read -r state ppid pgrp _ <<<"$rest"
+    [ "$state" = Z ] && continue
+    [[ $comm == "$name"* ]] || continue
+    if [ "$pgrp" = "$leader" ] || [ "$ppid" = "$leader" ]; then echo "$pid"; fi
   done
+}
+
+# Stops one service: its graceful signal to the leader, a bounded wait, then SIGKILL to
+# everything left of it (the leader, its group, its children).
+stop_service() {
+  local svc=$1 signal=$2 name=$3 pid left
+  local file; file=$(pidfile "$svc")
+  [ -s "$file" ] || return 0
+  pid=$(cat "$file")
+  if alive "$pid"; then
+    kill "-$signal" "$pid" 2>/dev/null || true
+    for _ in $(seq $((STOP_TIMEOUT_S * 10))); do alive "$pid" || break; sleep 0.1; done
+    if alive "$pid"; then
+      echo "$svc (pid $pid) ignored SIG$signal for ${STOP_TIMEOUT_S}s; killing it" >&2
+    fi
+  fi
+  left=$(members "$pid" "$name")
+  if [ -n "$left" ]; then
+    # shellcheck disable=SC2086 # one pid a word
+    kill -KILL $left 2>/dev/null || true
+    for _ in $(seq 50); do [ -z "$(members "$pid" "$name")" ] && break; sleep 0.1; done
+  fi
+  left=$(members "$pid" "$name")
+  if [ -n "$left" ]; then
+    echo "stack: $svc: pid(s) $left survived SIGKILL" >&2
+    return 1
+  fi
+  rm -f "$file"
+  echo "$svc stopped"
+}
+
+down() {
+  # nginx first, so no request reaches an instance that is going; SIGQUIT is its graceful
+  # stop (finish the requests in flight), SIGTERM would be its fast one.
+  local status=0 app
+  # A command name is at most 15 characters.
+  app=$(basename "$INVENTORY_BIN" | cut -c1-15)
+  stop_service nginx QUIT nginx || status=1
+  stop_service app1 TERM "$app" || status=1
+  stop_service app2 TERM "$app" || status=1
+  stop_service redis TERM redis || status=1
+  return $status
 }
 
 status() {
