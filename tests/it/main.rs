@@ -6,6 +6,7 @@
 mod api;
 mod browser;
 mod harness;
+mod leaks;
 mod lua;
 mod resilience;
 mod scenarios;
