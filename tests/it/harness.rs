@@ -403,9 +403,7 @@ impl Nginx {
     pub fn access_log(&self) -> String {
         read_log(&self.dir.path().join("nginx-access.log"))
     }
-}
 
-impl Nginx {
     /// Graceful stop (SIGQUIT), bounded, then SIGKILL to whatever is left of the group.
     pub async fn stop(&mut self) {
         self.process.stop().await;
