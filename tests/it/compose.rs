@@ -970,6 +970,36 @@ async fn a_slow_header_client_is_dropped_after_the_header_timeout() {
     );
 }
 
+/// A body that stops half way: nginx closes the connection 5 s after the last bytes came
+/// (client_body_timeout), without an answer, and nothing reaches an instance.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_stops_sending_its_body_is_dropped_after_the_body_timeout() {
+    let stack = Stack::start(|b| b).await;
+    let mut stream = TcpStream::connect(("127.0.0.1", stack.nginx.port))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"PUT /inventory HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"stock\":")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut reply))
+        .await
+        .expect("nginx keeps a client that stopped sending")
+        .ok();
+    let lasted = started.elapsed();
+    assert!(
+        lasted >= Duration::from_millis(4500) && lasted < Duration::from_secs(7),
+        "{lasted:?}"
+    );
+    assert!(
+        !stack.nginx.access_log().contains("upstream=127.0.0.1"),
+        "the half body was sent to an instance: {}",
+        stack.nginx.access_log()
+    );
+}
+
 /// About a thousand slow clients blocked all traffic for a minute (1024 connections per
 /// worker). Now they fit, and an ordinary request still answers at once.
 #[tokio::test(flavor = "multi_thread")]
