@@ -731,18 +731,12 @@ impl Blackhole {
     }
 }
 
-/// How many requests of the access log nginx sent to the upstream on `port`.
-fn attempts_on(log: &str, port: u16) -> usize {
-    let address = format!("127.0.0.1:{port}");
-    log.lines()
-        .filter(|l| l.contains(&format!("{address},")) || l.contains(&format!("{address} ")))
-        .count()
-}
-
 /// A stream of ordinary requests through the compose nginx with one instance dead: every
 /// one answers 200 from the live instance, and only the first request that meets the dead
-/// one pays for it; then the instance is marked down and no request tries it.
-async fn every_request_succeeds_with_one_instance(dead: u16, slow_allowed: Duration) {
+/// one pays for it; then the instance is marked down and no request tries it. Returns how
+/// long nginx spent on the dead instance, from its access log (load on the machine does not
+/// blur it, unlike the client's clock).
+async fn every_request_succeeds_with_one_instance(dead: u16) -> Duration {
     let cluster = Cluster::start(1, |b| b).await;
     let live = &cluster.instances[0];
     live.reset(1000).await;
@@ -766,36 +760,39 @@ async fn every_request_succeeds_with_one_instance(dead: u16, slow_allowed: Durat
     for answer in &answers {
         assert_eq!(answer.status, 200, "{answer:?}");
         assert_eq!(answer.instance.as_deref(), Some(live.name.as_str()));
+        // Before, a request meeting a stopped instance waited 1 s for a 504.
+        assert!(answer.elapsed < Duration::from_secs(1), "{answer:?}");
     }
-    let slow: Vec<_> = answers
-        .iter()
-        .filter(|a| a.elapsed >= Duration::from_millis(250))
-        .collect();
-    assert!(
-        slow.len() <= 1,
-        "only the first meeting costs time: {slow:?}"
-    );
-    assert!(
-        slow.iter().all(|a| a.elapsed < slow_allowed),
-        "the dead instance cost more than a connect timeout: {slow:?}"
-    );
     let log = nginx.access_log();
+    let attempts: Vec<&str> = log.lines().filter(|l| tried(l, dead)).collect();
+    // fail_timeout (5 s) keeps it marked down; a slower run may try it once more.
+    let allowed = 1 + (took.as_secs() / 5) as usize;
     assert!(
-        took < Duration::from_secs(5),
-        "fail_timeout must outlast the run"
-    );
-    assert_eq!(
-        attempts_on(&log, dead),
-        1,
-        "the dead instance is tried once, then marked down:\n{log}"
+        !attempts.is_empty() && attempts.len() <= allowed,
+        "the dead instance is tried once, then marked down, in {took:?}:\n{log}"
     );
     let audit = live.audit().await;
     assert_eq!(audit["sales"], 19, "every sale sold exactly once: {audit}");
+    // `upstream_time=<dead>, <live>`: the time spent on the dead one.
+    let spent = attempts[0]
+        .split("upstream_time=")
+        .nth(1)
+        .and_then(|t| t.split(',').next())
+        .and_then(|t| t.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no upstream time in {}", attempts[0]));
+    Duration::from_secs_f64(spent)
+}
+
+/// Whether an access log line shows an attempt on the upstream at `port`.
+fn tried(line: &str, port: u16) -> bool {
+    let address = format!("127.0.0.1:{port}");
+    line.contains(&format!("{address},")) || line.contains(&format!("{address} "))
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_instance_that_refuses_connections_is_invisible_to_clients() {
-    every_request_succeeds_with_one_instance(refused_port(), Duration::from_millis(250)).await;
+    let spent = every_request_succeeds_with_one_instance(refused_port()).await;
+    assert!(spent < Duration::from_millis(100), "{spent:?}");
 }
 
 /// A stopped container's address does not refuse: the connect times out. Before, that cost
@@ -803,7 +800,11 @@ async fn an_instance_that_refuses_connections_is_invisible_to_clients() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_instance_whose_address_drops_connects_costs_one_request_300_ms_and_no_error() {
     let hole = Blackhole::new();
-    every_request_succeeds_with_one_instance(hole.port, Duration::from_millis(900)).await;
+    let spent = every_request_succeeds_with_one_instance(hole.port).await;
+    assert!(
+        spent >= Duration::from_millis(290) && spent < Duration::from_millis(600),
+        "proxy_connect_timeout is 300 ms: {spent:?}"
+    );
 }
 
 /// With both instances gone, nginx answers itself, in the JSON error shape.
@@ -879,8 +880,16 @@ async fn nginx_never_resends_a_sale_after_a_read_timeout() {
         if method != reqwest::Method::HEAD {
             assert_nginx_error(&answer, 504, "instance_timeout");
         }
-        // Let the sale that timed out finish on its instance.
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        // Let the sale that timed out finish on its instance (a resent one would have
+        // started at the timeout, and landed a second after it).
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < deadline
+            && method != reqwest::Method::HEAD
+            && cluster.instances[0].audit().await["sales"] == 0
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         let audit = cluster.instances[0].audit().await;
         let line = nginx
             .access_log()
@@ -1013,12 +1022,11 @@ async fn a_thousand_slow_clients_do_not_block_an_ordinary_request() {
         stream.write_all(b"GET /health HTTP/1.1\r\n").await.unwrap();
         slow.push(stream);
     }
-    let started = Instant::now();
+    // With 1024 connections per worker, nginx dropped this one.
     let reply = tokio::time::timeout(Duration::from_secs(3), stack.get("/health"))
         .await
         .expect("an ordinary request waited behind the slow clients");
     assert_eq!(reply.status, 200);
-    assert!(started.elapsed() < Duration::from_secs(1), "{reply:?}");
 }
 
 /// The native stack exempts loopback (every one of its clients); the limits are tested by
