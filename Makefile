@@ -7,7 +7,7 @@ NGINX_PORT ?= 8080
 LOADTEST_ARGS ?= --stock 100 --requests 1000 --concurrency 64
 REPORT ?= run/report.html
 
-.PHONY: test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios
+.PHONY: test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios compose-check
 
 ## demo: install redis-server and nginx if missing, build, start the native stack, load-test every strategy
 demo: stack-deps up
@@ -71,6 +71,11 @@ $(VENV)/.ready: Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(PY_TOOLS)
 	touch $@
+
+## compose-check: what `make test` checks of the Docker path without a Docker engine: the Dockerfile's
+## build command on the host, the compose file, and nginx natively on the compose nginx.conf
+compose-check: deps
+	$(CARGO) test --test it -- compose::
 
 ## openapi-check: validate the OpenAPI document against the 3.1 specification
 openapi-check: $(VENV)/.ready

@@ -5,6 +5,7 @@
 
 mod api;
 mod browser;
+mod compose;
 mod harness;
 mod leaks;
 mod lua;

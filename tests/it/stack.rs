@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use inventory::lock::Strategy;
 use loadtest::{LoadTest, Plan, StrategyReport, Verdict};
 
-use crate::harness::{Stack, free_port, repo_path};
+use crate::harness::{Cluster, Stack, free_port, repo_path};
 
 fn plan(stack: &Stack, strategy: Strategy, stock: i64, requests: usize, work_ms: u64) -> Plan {
     Plan {
@@ -260,95 +260,25 @@ async fn the_native_stack_refuses_to_start_on_a_taken_port() {
     }
 }
 
-fn compose_config() -> serde_yaml::Value {
-    let output = Command::new("docker-compose")
-        .current_dir(repo_path(""))
-        .args(["--env-file", ".env.example", "config"])
-        .output()
-        .expect("docker-compose is not installed (`make test` installs it)");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_yaml::from_slice(&output.stdout).unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn the_compose_file_validates_offline_and_agrees_with_the_native_stack() {
-    let quiet = Command::new("docker-compose")
-        .current_dir(repo_path(""))
-        .args(["--env-file", ".env.example", "config", "-q"])
-        .status()
-        .expect("docker-compose");
-    assert!(quiet.success());
-    let config = compose_config();
-    let services = &config["services"];
-
-    // Every variable the compose file gives an instance is one the binary reads.
-    let help = Command::new(env!("CARGO_BIN_EXE_inventory"))
-        .arg("--help")
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
-    let script = std::fs::read_to_string(repo_path("scripts/stack.sh")).unwrap();
-    for (app, port) in [("app1", "7777"), ("app2", "8888")] {
-        let env = services[app]["environment"].as_mapping().unwrap();
-        for key in env.keys() {
-            let key = key.as_str().unwrap();
-            assert!(
-                help.contains(&format!("[env: {key}")),
-                "{app} sets {key}, unknown to inventory"
-            );
-        }
-        assert_eq!(env["PORT"].as_str(), Some(port));
-        assert_eq!(env["INSTANCE_NAME"].as_str(), Some(app));
-        let default = format!(
-            "{}_PORT=${{{}_PORT:-{port}}}",
-            app.to_uppercase(),
-            app.to_uppercase()
-        );
-        assert!(
-            script.contains(&default),
-            "the native stack puts {app} on {port} too"
-        );
-        assert!(
-            env["REDIS_URL"]
-                .as_str()
-                .unwrap()
-                .contains("change-me-redis-password@redis"),
-            "instances authenticate to Redis"
-        );
-    }
-    // The variables the native stack sets are the binary's as well.
-    for key in ["PORT", "BIND_ADDR", "INSTANCE_NAME", "REDIS_URL"] {
-        assert!(script.contains(&format!("{key}=")) && help.contains(&format!("[env: {key}")));
-    }
-    let published = services["nginx"]["ports"][0].clone();
-    let published = serde_yaml::to_string(&published).unwrap();
-    assert!(published.contains("8080"), "{published}");
-    assert!(script.contains("NGINX_PORT=${NGINX_PORT:-8080}"));
-    assert!(
-        services["redis"].get("ports").is_none(),
-        "Redis must not be published"
-    );
-    let nginx = std::fs::read_to_string(repo_path("nginx/nginx.conf")).unwrap();
-    assert!(nginx.contains("server app1:7777;") && nginx.contains("server app2:8888;"));
-}
-
 /// Sends one long sale through nginx, kills the instance that holds its lock, and returns
 /// what the client got and how many sales the surviving instance's audit shows.
 async fn a_sale_whose_instance_dies(method: reqwest::Method) -> (u16, serde_json::Value) {
     let stack = Stack::start(|b| b).await;
-    stack.cluster.instances[0].reset(5).await;
-    let lock = inventory::store::Keys::new("001").lock;
-    let mut c = stack.cluster.redis.conn().await;
+    a_sale_whose_instance_dies_behind(&stack.cluster, &stack.nginx.url(), method).await
+}
 
-    let url = format!(
-        "{}/inventory/sale?strategy=fenced&work_ms=3000",
-        stack.nginx.url()
-    );
-    let request = stack.http.request(method, url).send();
+/// [`a_sale_whose_instance_dies`], through any nginx in front of `cluster`'s two instances.
+pub(crate) async fn a_sale_whose_instance_dies_behind(
+    cluster: &Cluster,
+    nginx_url: &str,
+    method: reqwest::Method,
+) -> (u16, serde_json::Value) {
+    cluster.instances[0].reset(5).await;
+    let lock = inventory::store::Keys::new("001").lock;
+    let mut c = cluster.redis.conn().await;
+
+    let url = format!("{nginx_url}/inventory/sale?strategy=fenced&work_ms=3000");
+    let request = reqwest::Client::new().request(method, url).send();
     let kill_the_holder = async {
         let holder = loop {
             let owners: Vec<String> = redis::AsyncCommands::hkeys(&mut c, &lock).await.unwrap();
@@ -357,12 +287,7 @@ async fn a_sale_whose_instance_dies(method: reqwest::Method) -> (u16, serde_json
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         };
-        let victim = stack
-            .cluster
-            .instances
-            .iter()
-            .find(|i| i.name == holder)
-            .unwrap();
+        let victim = cluster.instances.iter().find(|i| i.name == holder).unwrap();
         Command::new("kill")
             .args(["-KILL", &victim.pid().to_string()])
             .status()
@@ -370,12 +295,7 @@ async fn a_sale_whose_instance_dies(method: reqwest::Method) -> (u16, serde_json
         holder
     };
     let (response, holder) = tokio::join!(request, kill_the_holder);
-    let survivor = stack
-        .cluster
-        .instances
-        .iter()
-        .find(|i| i.name != holder)
-        .unwrap();
+    let survivor = cluster.instances.iter().find(|i| i.name != holder).unwrap();
     (response.unwrap().status().as_u16(), survivor.audit().await)
 }
 
