@@ -27,10 +27,12 @@ pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt
 
 pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
     let key = &cx.store.keys.lock;
-    let holder: Option<String> = cx
-        .store
-        .call(|mut c| async move { c.get(key).await })
-        .await?;
+    let holder: Option<String> = match cx.store.call(|mut c| async move { c.get(key).await }).await
+    {
+        // A hash lock: another strategy's holder took the key after this lease ran out.
+        Err(e) if e.code() == Some("WRONGTYPE") => return Ok(Released::NotHeld),
+        holder => holder?,
+    };
     if holder.as_deref() != Some(owner) {
         return Ok(Released::NotHeld);
     }
