@@ -17,18 +17,26 @@ pub enum Outcome {
     LockLost,
     StaleFence,
     InProgress,
+    StockChanged,
+    UnknownItem,
     RedisUnavailable,
+    RedisAuth,
+    OutcomeUnknown,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 7] = [
+    const ALL: [Outcome; 11] = [
         Outcome::Sold,
         Outcome::SoldOut,
         Outcome::LockTimeout,
         Outcome::LockLost,
         Outcome::StaleFence,
         Outcome::InProgress,
+        Outcome::StockChanged,
+        Outcome::UnknownItem,
         Outcome::RedisUnavailable,
+        Outcome::RedisAuth,
+        Outcome::OutcomeUnknown,
     ];
 
     pub fn label(self) -> &'static str {
@@ -39,7 +47,11 @@ impl Outcome {
             Outcome::LockLost => "lock_lost",
             Outcome::StaleFence => "stale_fence",
             Outcome::InProgress => "in_progress",
+            Outcome::StockChanged => "stock_changed",
+            Outcome::UnknownItem => "unknown_item",
             Outcome::RedisUnavailable => "redis_unavailable",
+            Outcome::RedisAuth => "redis_auth_failed",
+            Outcome::OutcomeUnknown => "outcome_unknown",
         }
     }
 }

@@ -13,9 +13,10 @@ use utoipa::ToSchema;
 use crate::idempotency;
 use crate::lock::{Guard, LockError, Locks, Strategy, atomic_sell};
 use crate::metrics::Outcome;
-use crate::store::{Claim, Entry, Fenced, Recorded, Store};
+use crate::store::{Claim, Entry, Recorded, StockRead, Store};
 
-/// Longest simulated business time a sale may ask for.
+/// The hard ceiling of simulated business time; the configured one (`MAX_WORK_MS`) is
+/// usually far lower.
 pub const MAX_WORK_MS: u64 = 60_000;
 
 #[derive(Debug, Clone, Copy)]
@@ -50,7 +51,7 @@ pub struct Sold {
 }
 
 /// Why no sale was made. Nothing was written in any of these cases, except possibly under
-/// `Redis`, when the write was sent but its answer never came.
+/// `OutcomeUnknown`.
 #[derive(Debug)]
 pub enum SaleError {
     SoldOut,
@@ -67,7 +68,15 @@ pub enum SaleError {
     },
     /// Another attempt with the same `Idempotency-Key` is running.
     InProgress,
+    /// A writer that takes no lock (an `atomic` sale or a reset) changed the stock between
+    /// this sale's read and its write.
+    StockChanged,
+    /// The item has no stock key: never stocked, or Redis lost its data.
+    UnknownItem,
+    /// Redis failed before the write was sent: certainly nothing sold.
     Redis(RedisError),
+    /// The write was sent and its answer never came: it may have landed.
+    OutcomeUnknown(RedisError),
 }
 
 impl SaleError {
@@ -83,7 +92,11 @@ impl SaleError {
             SaleError::LockLost => Outcome::LockLost,
             SaleError::StaleFence { .. } => Outcome::StaleFence,
             SaleError::InProgress => Outcome::InProgress,
+            SaleError::StockChanged => Outcome::StockChanged,
+            SaleError::UnknownItem => Outcome::UnknownItem,
+            SaleError::Redis(e) if crate::store::is_auth_error(e) => Outcome::RedisAuth,
             SaleError::Redis(_) => Outcome::RedisUnavailable,
+            SaleError::OutcomeUnknown(_) => Outcome::OutcomeUnknown,
         }
     }
 }
@@ -218,25 +231,49 @@ impl Seller {
         Err(outcome)
     }
 
-    /// Keeps a final `sold_out` for replays; frees the key after a failure that may pass,
-    /// so a retry sells; leaves it pending when Redis failed, since the write may have
-    /// landed (it then says so itself).
+    /// Keeps a final `sold_out` for replays; frees the key after a failure that sold nothing
+    /// for certain, so a retry sells; leaves it pending when the write may have landed (it
+    /// then replaces the claim with the sale itself).
     async fn settle(&self, claim: &Claim, error: &SaleError) {
         let keep = match error {
             SaleError::SoldOut => Some(idempotency::SOLD_OUT),
-            SaleError::LockTimeout { .. } | SaleError::LockLost | SaleError::StaleFence { .. } => {
-                None
-            }
-            SaleError::InProgress | SaleError::Redis(_) => return,
+            SaleError::LockTimeout { .. }
+            | SaleError::LockLost
+            | SaleError::StaleFence { .. }
+            | SaleError::StockChanged
+            | SaleError::UnknownItem
+            | SaleError::Redis(_) => None,
+            SaleError::InProgress => return,
+            SaleError::OutcomeUnknown(_) => return self.resolve_unknown(claim),
         };
         if let Err(e) = self.store.settle(claim, keep).await {
             tracing::warn!(error = %e, "could not settle an idempotency key; it expires on its own");
         }
     }
 
+    /// After a write whose answer never came, frees the claim as soon as Redis answers
+    /// again. Safe whichever lands first: the write checks the claim before it writes, so
+    /// once the claim is freed a late write is refused; and a write that landed first has
+    /// replaced the claim with its sale, which the settle leaves alone. Either way the key
+    /// soon tells a retry the truth, instead of "in progress" until the claim expires.
+    fn resolve_unknown(&self, claim: &Claim) {
+        let (store, claim) = (self.store.clone(), claim.clone());
+        let give_up = Instant::now() + self.wait_budget + idempotency::PENDING_MARGIN;
+        tokio::spawn(async move {
+            while Instant::now() < give_up {
+                match store.settle(&claim, None).await {
+                    Ok(_) => return,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+    }
+
     async fn sell_atomic(&self, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
-        tokio::time::sleep(attempt.request.work).await;
-        let recorded = atomic_sell(&self.store, &attempt.entry(&self.instance)).await?;
+        work(attempt.request.work).await;
+        let recorded = atomic_sell(&self.store, &attempt.entry(&self.instance))
+            .await
+            .map_err(after_write)?;
         self.recorded(attempt, recorded, None, Duration::ZERO)
     }
 
@@ -273,26 +310,29 @@ impl Seller {
     ) -> Result<Sold, SaleError> {
         let order_id = &attempt.order_id;
         let fence = guard.fence();
-        let stock = match fence {
-            Some(token) => match self.store.read_stock_fenced(token).await? {
-                Fenced::Accepted(stock) => stock,
-                Fenced::Stale { newest } => return Err(SaleError::StaleFence { token, newest }),
-            },
-            None => self.store.read_stock().await?,
-        }
-        .unwrap_or(0);
+        let (stock, lockfree) = match self.store.read_for_sale(fence).await? {
+            StockRead::Current { stock, lockfree } => (stock, lockfree),
+            StockRead::Stale { newest } => {
+                return Err(SaleError::StaleFence {
+                    token: fence.unwrap_or(0),
+                    newest,
+                });
+            }
+        };
         tracing::debug!(%order_id, stock, fence, "stock read");
+        let stock = stock.ok_or(SaleError::UnknownItem)?;
         if stock <= 0 {
             return Err(SaleError::SoldOut);
         }
-        tokio::time::sleep(attempt.request.work).await;
+        work(attempt.request.work).await;
         if guard.is_lost() {
             return Err(SaleError::LockLost);
         }
         let recorded = self
             .store
-            .record_sale(stock - 1, &attempt.entry(&self.instance), fence)
-            .await?;
+            .record_sale(stock - 1, &attempt.entry(&self.instance), fence, lockfree)
+            .await
+            .map_err(after_write)?;
         self.recorded(attempt, recorded, fence, guard.waited())
     }
 
@@ -322,6 +362,8 @@ impl Seller {
                 newest,
             }),
             Recorded::ClaimLost => Err(SaleError::InProgress),
+            Recorded::StockChanged => Err(SaleError::StockChanged),
+            Recorded::Unstocked => Err(SaleError::UnknownItem),
         }
     }
 
@@ -331,5 +373,29 @@ impl Seller {
         if let Err(e) = self.locks.release(guard).await {
             tracing::warn!(error = %e, "lock release failed; the lock is freed when its lease ends");
         }
+    }
+}
+
+/// The business step. A zero-length sleep still waits for the next timer tick (about a
+/// millisecond, with the lock held), so no work means no sleep at all.
+async fn work(duration: Duration) {
+    if !duration.is_zero() {
+        tokio::time::sleep(duration).await;
+    }
+}
+
+/// A failed write call: "nothing sold" only where that is certain: the connection was
+/// refused, or Redis answered with an error (the scripts check everything before their
+/// first write). A timeout or a connection dropped mid-call may hide a write that landed,
+/// or one still queued in a frozen Redis.
+fn after_write(e: RedisError) -> SaleError {
+    let answered = matches!(
+        e.kind(),
+        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+    );
+    if answered || e.is_connection_refusal() {
+        SaleError::Redis(e)
+    } else {
+        SaleError::OutcomeUnknown(e)
     }
 }

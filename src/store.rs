@@ -29,11 +29,17 @@ pub mod scripts {
     script!(UNLOCK_REENTRANT, "unlock_reentrant.lua");
     script!(UNLOCK_OWNED, "unlock_owned.lua");
     script!(RENEW, "renew.lua");
-    script!(READ_FENCED, "read_fenced.lua");
-    script!(RECORD_SALE, "record_sale.lua");
-    script!(ATOMIC_SALE, "atomic_sale.lua");
+    script!(READ_STOCK, "read_stock.lua");
+    script!(SELL, "sell.lua");
     script!(RESET, "reset.lua");
     script!(IDEMPOTENCY_SETTLE, "idempotency_settle.lua");
+}
+
+/// Whether Redis refused our credentials: a wrong or missing password in `REDIS_URL`, or an
+/// ACL user without the rights. Not worth retrying until someone fixes the configuration.
+pub fn is_auth_error(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
 }
 
 /// The keys of one item. They share the hash tag `{item}`, so every script touches a single
@@ -42,8 +48,17 @@ pub mod scripts {
 pub struct Keys {
     pub stock: String,
     pub initial: String,
+    /// A stream of sale entries, capped: the audit never reads it.
     pub ledger: String,
-    pub sold_at: String,
+    /// Sales since the last reset.
+    pub sales: String,
+    /// One bit per remaining-stock value already sold.
+    pub sold: String,
+    /// Remaining-stock value -> times sold, only for values sold more than once.
+    pub duplicates: String,
+    /// Writes that take no lock (atomic sales, resets); a locked write refuses to land
+    /// after one it did not see. Never reset.
+    pub lockfree_writes: String,
     pub fence: String,
     pub fence_seen: String,
     pub lock: String,
@@ -59,7 +74,10 @@ impl Keys {
             stock: key("stock"),
             initial: key("initial"),
             ledger: key("ledger"),
-            sold_at: key("sold_at"),
+            sales: key("sales"),
+            sold: key("sold"),
+            duplicates: key("duplicates"),
+            lockfree_writes: key("lockfree_writes"),
             fence: key("fence"),
             fence_seen: key("fence:seen"),
             lock: key("lock"),
@@ -84,7 +102,12 @@ pub struct Store {
     pub keys: Keys,
     timeout: Duration,
     metrics: Arc<Metrics>,
+    ledger_cap: u64,
 }
+
+/// Ledger entries kept unless configured otherwise: enough to read the story of a load
+/// test, about 2 MB; the audit's figures are counters and do not need the entries.
+pub const DEFAULT_LEDGER_CAP: u64 = 10_000;
 
 /// What `GET /inventory` reports.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -159,7 +182,7 @@ pub struct Claim {
     pub keep: Duration,
 }
 
-/// What a sale's write did.
+/// What a sale's write did. Nothing was written in any case but `Written`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recorded {
     /// Written and recorded: the stock left.
@@ -170,12 +193,19 @@ pub enum Recorded {
     StaleFence { newest: u64 },
     /// Refused: the idempotency claim expired or another attempt holds the key.
     ClaimLost,
+    /// Refused: a writer that takes no lock (an atomic sale, a reset) wrote after the read.
+    StockChanged,
+    /// Refused: the stock key is missing (never stocked, or Redis lost its data).
+    Unstocked,
 }
 
-/// The answer of a script that checks a fencing token: `{1, value}` or `{0, newest token}`.
+/// What a locked sale read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fenced<T> {
-    Accepted(T),
+pub enum StockRead {
+    /// The stock (`None` when the key is missing) and the lock-free write count to hand back
+    /// to [`Store::record_sale`].
+    Current { stock: Option<i64>, lockfree: i64 },
+    /// The store has seen a newer fencing token than the reader's.
     Stale { newest: u64 },
 }
 
@@ -202,7 +232,14 @@ impl Store {
             keys: Keys::new(item),
             timeout,
             metrics,
+            ledger_cap: DEFAULT_LEDGER_CAP,
         })
+    }
+
+    /// Keeps about `cap` ledger entries (the stream is trimmed as it grows).
+    pub fn with_ledger_cap(mut self, cap: u64) -> Self {
+        self.ledger_cap = cap;
+        self
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -243,92 +280,92 @@ impl Store {
             .map(drop)
     }
 
-    pub async fn read_stock(&self) -> RedisResult<Option<i64>> {
-        let key = self.keys.stock.clone();
-        self.call(|mut c| async move { c.get(key).await }).await
-    }
-
-    /// Reads the stock for the holder of `fence`, registering the token with the store.
-    pub async fn read_stock_fenced(&self, fence: u64) -> RedisResult<Fenced<Option<i64>>> {
+    /// Reads the stock for a locked sale, with what its write must check; a fenced reader's
+    /// token is registered with the store in the same step.
+    pub async fn read_for_sale(&self, fence: Option<u64>) -> RedisResult<StockRead> {
         let k = &self.keys;
-        let (ok, value): (i64, i64) = self
+        let fence = fence.map(|f| f.to_string()).unwrap_or_default();
+        let (ok, value, lockfree): (i64, i64, i64) = self
             .call(|mut c| async move {
-                scripts::READ_FENCED
+                scripts::READ_STOCK
                     .key(&k.stock)
                     .key(&k.fence_seen)
+                    .key(&k.lockfree_writes)
                     .arg(fence)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         Ok(match ok {
-            1 => Fenced::Accepted((value >= 0).then_some(value)),
-            _ => Fenced::Stale {
+            1 => StockRead::Current {
+                stock: (value >= 0).then_some(value),
+                lockfree,
+            },
+            _ => StockRead::Stale {
                 newest: value.max(0) as u64,
             },
         })
     }
 
-    /// Writes the stock a sale computed and appends the sale to the ledger, atomically.
+    /// Writes the stock a locked sale computed and records the sale, atomically; refused
+    /// when a newer token or a lock-free write came after the read.
     pub async fn record_sale(
         &self,
         new_stock: i64,
         entry: &Entry<'_>,
         fence: Option<u64>,
+        lockfree: i64,
     ) -> RedisResult<Recorded> {
-        let k = &self.keys;
         let fence = fence.map(|f| f.to_string()).unwrap_or_default();
-        let (ok, value): (i64, i64) = self
-            .call(|mut c| async move {
-                scripts::RECORD_SALE
-                    .key(&k.stock)
-                    .key(&k.ledger)
-                    .key(&k.sold_at)
-                    .key(&k.fence_seen)
-                    .key(entry.claim_key(k))
-                    .arg(new_stock)
-                    .arg(entry.order_id)
-                    .arg(entry.instance)
-                    .arg(entry.strategy)
-                    .arg(fence)
-                    .arg(entry.claim_marker())
-                    .arg(entry.claim_keep_ms())
-                    .invoke_async(&mut c)
-                    .await
-            })
-            .await?;
-        Ok(match ok {
-            1 => Recorded::Written(value),
-            2 => Recorded::ClaimLost,
-            _ => Recorded::StaleFence {
-                newest: value.max(0) as u64,
-            },
+        self.sell(entry, "locked", |script| {
+            script.arg(new_stock).arg(fence).arg(lockfree);
         })
+        .await
     }
 
     /// The lock-free sale: one script, one round trip.
     pub async fn atomic_sale(&self, entry: &Entry<'_>) -> RedisResult<Recorded> {
+        self.sell(entry, "atomic", |_| {}).await
+    }
+
+    /// Runs `sell.lua`: `mode_args` adds what only a locked write sends.
+    async fn sell(
+        &self,
+        entry: &Entry<'_>,
+        mode: &str,
+        mode_args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
+    ) -> RedisResult<Recorded> {
         let k = &self.keys;
-        let remaining: i64 = self
-            .call(|mut c| async move {
-                scripts::ATOMIC_SALE
-                    .key(&k.stock)
-                    .key(&k.ledger)
-                    .key(&k.sold_at)
-                    .key(entry.claim_key(k))
-                    .arg(entry.order_id)
-                    .arg(entry.instance)
-                    .arg(entry.strategy)
-                    .arg(entry.claim_marker())
-                    .arg(entry.claim_keep_ms())
-                    .invoke_async(&mut c)
-                    .await
-            })
+        let mut invocation = scripts::SELL.key(&k.stock);
+        invocation
+            .key(&k.ledger)
+            .key(&k.sales)
+            .key(&k.sold)
+            .key(&k.duplicates)
+            .key(&k.fence_seen)
+            .key(&k.lockfree_writes)
+            .key(entry.claim_key(k))
+            .arg(mode)
+            .arg(entry.order_id)
+            .arg(entry.instance)
+            .arg(entry.strategy)
+            .arg(entry.claim_marker())
+            .arg(entry.claim_keep_ms())
+            .arg(self.ledger_cap);
+        mode_args(&mut invocation);
+        let invocation = &invocation;
+        let (code, value): (i64, i64) = self
+            .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;
-        Ok(match remaining {
-            -1 => Recorded::SoldOut,
-            -2 => Recorded::ClaimLost,
-            remaining => Recorded::Written(remaining),
+        Ok(match code {
+            1 => Recorded::Written(value),
+            0 => Recorded::StaleFence {
+                newest: value.max(0) as u64,
+            },
+            2 => Recorded::ClaimLost,
+            3 => Recorded::StockChanged,
+            4 => Recorded::Unstocked,
+            _ => Recorded::SoldOut,
         })
     }
 
@@ -372,10 +409,11 @@ impl Store {
                 .key(&k.stock)
                 .key(&k.initial)
                 .key(&k.ledger)
-                .key(&k.sold_at)
-                .key(&k.fence)
-                .key(&k.fence_seen)
+                .key(&k.sales)
+                .key(&k.sold)
+                .key(&k.duplicates)
                 .key(&k.lock)
+                .key(&k.lockfree_writes)
                 .arg(stock)
                 .arg(&k.released)
                 .invoke_async::<i64>(&mut c)
@@ -385,66 +423,88 @@ impl Store {
         .map(drop)
     }
 
-    pub async fn inventory(&self) -> RedisResult<Inventory> {
+    /// The stock, the initial stock and the sales count: `None` when the item was never
+    /// stocked (or Redis lost its data), rather than a stock of 0 that looks real.
+    async fn counters(&self) -> RedisResult<Option<(i64, i64, i64)>> {
         let k = &self.keys;
-        let (stock, initial, sales): (Option<i64>, Option<i64>, i64) = self
+        let (stock, initial, sales): (Option<i64>, Option<i64>, Option<i64>) = self
             .call(|mut c| async move {
                 redis::pipe()
                     .get(&k.stock)
                     .get(&k.initial)
-                    .llen(&k.ledger)
+                    .get(&k.sales)
                     .query_async(&mut c)
                     .await
             })
             .await?;
-        Ok(Inventory {
-            item: self.item().to_owned(),
-            stock: stock.unwrap_or(0),
-            initial: initial.unwrap_or(0),
-            sales,
+        Ok(match (stock, initial) {
+            (None, None) => None,
+            (stock, initial) => {
+                Some((stock.unwrap_or(0), initial.unwrap_or(0), sales.unwrap_or(0)))
+            }
         })
     }
 
-    pub async fn audit(&self) -> RedisResult<Audit> {
-        let k = &self.keys;
-        type Reply = (Option<i64>, Option<i64>, i64, Vec<(i64, i64)>);
-        let (stock, initial, sales, sold_at): Reply = self
+    pub async fn inventory(&self) -> RedisResult<Option<Inventory>> {
+        Ok(self
+            .counters()
+            .await?
+            .map(|(stock, initial, sales)| Inventory {
+                item: self.item().to_owned(),
+                stock,
+                initial,
+                sales,
+            }))
+    }
+
+    /// O(1) in the number of sales: counters kept by the write, plus the values sold twice.
+    pub async fn audit(&self) -> RedisResult<Option<Audit>> {
+        let Some((stock, initial, sales)) = self.counters().await? else {
+            return Ok(None);
+        };
+        let key = self.keys.duplicates.clone();
+        let duplicates: Vec<(i64, i64)> = self
+            .call(|mut c| async move { c.hgetall(key).await })
+            .await?;
+        Ok(Some(Audit::compute(
+            self.item(),
+            initial,
+            stock,
+            sales,
+            duplicates,
+        )))
+    }
+
+    /// The ledger entries still kept (the newest `LEDGER_MAX` or so), oldest first.
+    pub async fn ledger(&self) -> RedisResult<Vec<String>> {
+        let key = self.keys.ledger.clone();
+        let entries: Vec<(String, Vec<(String, String)>)> = self
             .call(|mut c| async move {
-                redis::pipe()
-                    .get(&k.stock)
-                    .get(&k.initial)
-                    .llen(&k.ledger)
-                    .hgetall(&k.sold_at)
+                redis::cmd("XRANGE")
+                    .arg(key)
+                    .arg("-")
+                    .arg("+")
                     .query_async(&mut c)
                     .await
             })
             .await?;
-        Ok(Audit::compute(
-            self.item(),
-            initial.unwrap_or(0),
-            stock.unwrap_or(0),
-            sales,
-            sold_at,
-        ))
-    }
-
-    /// The raw ledger entries, oldest first (for tests and scenarios).
-    pub async fn ledger(&self) -> RedisResult<Vec<String>> {
-        let key = self.keys.ledger.clone();
-        self.call(|mut c| async move { c.lrange(key, 0, -1).await })
-            .await
+        Ok(entries
+            .into_iter()
+            .flat_map(|(_, fields)| fields.into_iter().map(|(_, entry)| entry))
+            .collect())
     }
 }
 
 impl Audit {
+    /// `duplicates`: each remaining-stock value sold more than once, with how many times.
     pub fn compute(
         item: &str,
         initial: i64,
         remaining: i64,
         sales: i64,
-        sold_at: Vec<(i64, i64)>,
+        duplicates: Vec<(i64, i64)>,
     ) -> Self {
-        let mut duplicates: Vec<Duplicate> = sold_at
+        let mut duplicates: Vec<Duplicate> = duplicates
             .into_iter()
             .filter(|&(_, times)| times > 1)
             .map(|(remaining, times)| Duplicate { remaining, times })
@@ -477,7 +537,10 @@ mod tests {
             &k.stock,
             &k.initial,
             &k.ledger,
-            &k.sold_at,
+            &k.sales,
+            &k.sold,
+            &k.duplicates,
+            &k.lockfree_writes,
             &k.fence,
             &k.fence_seen,
             &k.lock,
@@ -488,7 +551,7 @@ mod tests {
 
     #[test]
     fn audit_of_a_correct_run_is_clean() {
-        let audit = Audit::compute("001", 5, 0, 5, vec![(4, 1), (3, 1), (2, 1), (1, 1), (0, 1)]);
+        let audit = Audit::compute("001", 5, 0, 5, vec![]);
         assert!(audit.clean);
         assert_eq!((audit.oversold, audit.lost_updates), (0, 0));
     }

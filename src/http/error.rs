@@ -14,8 +14,9 @@ use crate::sale::SaleError;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"error": "sold_out", "message": "item 001 is sold out"}))]
 pub struct ErrorBody {
-    /// One of: bad_request, payload_too_large, unauthorized, not_found, sold_out, lock_lost, stale_fence,
-    /// in_progress, lock_timeout, redis_unavailable, internal.
+    /// One of: bad_request, payload_too_large, unauthorized, not_found, method_not_allowed,
+    /// unknown_item, sold_out, lock_lost, stale_fence, stock_changed, in_progress,
+    /// lock_timeout, redis_unavailable, redis_auth_failed, outcome_unknown, internal.
     pub error: String,
     pub message: String,
 }
@@ -28,8 +29,12 @@ pub enum ApiError {
     PayloadTooLarge(String),
     /// 401: the admin token is missing or wrong.
     Unauthorized,
-    /// 404
+    /// 404: no such route.
     NotFound,
+    /// 404: the item has no stock (never stocked, or Redis lost its data).
+    UnknownItem,
+    /// 405: the route exists, the method does not (`HEAD` on the sale among them).
+    MethodNotAllowed,
     /// 409 or 503, depending on why the sale was refused.
     Sale(SaleError),
     /// 503 when Redis is unreachable, 500 when it answered something unexpected.
@@ -42,6 +47,7 @@ impl From<SaleError> for ApiError {
     fn from(e: SaleError) -> Self {
         match e {
             SaleError::Redis(e) => ApiError::Redis(e),
+            SaleError::UnknownItem => ApiError::UnknownItem,
             e => ApiError::Sale(e),
         }
     }
@@ -99,6 +105,19 @@ impl ApiError {
                 "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`".into(),
             ),
             ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found", "no such route".into()),
+            ApiError::UnknownItem => (
+                StatusCode::NOT_FOUND,
+                "unknown_item",
+                "the item has no stock in Redis (never stocked, or Redis lost its data); \
+                 stock it with PUT /inventory"
+                    .into(),
+            ),
+            ApiError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method; see /swagger-ui/ for the ones it takes"
+                    .into(),
+            ),
             ApiError::Sale(e) => {
                 let (status, message) = match e {
                     SaleError::SoldOut => (StatusCode::CONFLICT, "the item is sold out".into()),
@@ -121,19 +140,56 @@ impl ApiError {
                     ),
                     SaleError::InProgress => (
                         StatusCode::CONFLICT,
-                        "a sale with this Idempotency-Key is still in progress; retry later".into(),
+                        "a sale with this Idempotency-Key is still in progress (or its outcome \
+                         is not known yet); retry later with the same key"
+                            .into(),
                     ),
-                    SaleError::Redis(_) => return unreachable_redis(),
+                    SaleError::StockChanged => (
+                        StatusCode::CONFLICT,
+                        "a writer that takes no lock (an atomic sale or a reset) changed the \
+                         stock while this sale held the lock; nothing was sold"
+                            .into(),
+                    ),
+                    SaleError::OutcomeUnknown(_) => (
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "the sale's write was sent to Redis but never confirmed: it may have \
+                         sold. Retry with the same Idempotency-Key to learn the outcome, or \
+                         read GET /inventory/audit"
+                            .into(),
+                    ),
+                    SaleError::UnknownItem => return ApiError::UnknownItem.parts(),
+                    SaleError::Redis(e) => return redis_parts(e),
                 };
                 (status, e.code(), message)
             }
-            ApiError::Redis(e) if unavailable(e) => unreachable_redis(),
-            ApiError::Redis(_) | ApiError::Internal(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error; see the service log".into(),
-            ),
+            ApiError::Redis(e) => redis_parts(e),
+            ApiError::Internal(_) => internal(),
         }
+    }
+}
+
+fn internal() -> (StatusCode, &'static str, String) {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "internal error; see the service log".into(),
+    )
+}
+
+/// A Redis failure before anything was written.
+fn redis_parts(e: &RedisError) -> (StatusCode, &'static str, String) {
+    if crate::store::is_auth_error(e) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "redis_auth_failed",
+            "Redis refused this service's credentials (the password or user in REDIS_URL); \
+             nothing was sold"
+                .into(),
+        )
+    } else if unavailable(e) {
+        unreachable_redis()
+    } else {
+        internal()
     }
 }
 
@@ -141,7 +197,7 @@ fn unreachable_redis() -> (StatusCode, &'static str, String) {
     (
         StatusCode::SERVICE_UNAVAILABLE,
         "redis_unavailable",
-        "Redis did not answer; retry shortly".into(),
+        "Redis did not answer; nothing was sold; retry shortly".into(),
     )
 }
 
@@ -149,7 +205,9 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code, message) = self.parts();
         match &self {
-            ApiError::Redis(e) | ApiError::Sale(SaleError::Redis(e)) => {
+            ApiError::Redis(e)
+            | ApiError::Sale(SaleError::Redis(e))
+            | ApiError::Sale(SaleError::OutcomeUnknown(e)) => {
                 tracing::warn!(error = %e, status = status.as_u16(), "redis call failed");
             }
             ApiError::Internal(detail) => tracing::error!(%detail, "internal error"),

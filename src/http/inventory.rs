@@ -6,8 +6,8 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::FromRequestParts;
 use axum::extract::State;
-use axum::http::HeaderValue;
 use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
@@ -41,7 +41,7 @@ pub struct SaleQuery {
     #[param(schema_with = strategy_schema, example = "fenced")]
     pub strategy: Option<String>,
     /// Simulated business time, in ms, spent holding the lock between reading the stock and
-    /// writing it (0..=60000).
+    /// writing it (0 up to `MAX_WORK_MS`, 2000 unless configured).
     #[param(minimum = 0, maximum = 60000, example = 0)]
     pub work_ms: Option<u64>,
     /// Acquire the same lock a second time, nested, before writing.
@@ -72,15 +72,16 @@ fn strategy_schema() -> ObjectBuilder {
 }
 
 impl SaleQuery {
-    fn into_request(self, default: Strategy) -> Result<SaleRequest, ApiError> {
+    fn into_request(self, default: Strategy, max_work: Duration) -> Result<SaleRequest, ApiError> {
         let strategy = match self.strategy.as_deref() {
             None => default,
             Some(name) => name.parse().map_err(ApiError::BadRequest)?,
         };
         let work_ms = self.work_ms.unwrap_or(0);
-        if work_ms > MAX_WORK_MS {
+        let max = max_work.as_millis() as u64;
+        if work_ms > max.min(MAX_WORK_MS) {
             return Err(ApiError::BadRequest(format!(
-                "work_ms must be between 0 and {MAX_WORK_MS}, got {work_ms}"
+                "work_ms must be between 0 and {max} (MAX_WORK_MS), got {work_ms}"
             )));
         }
         Ok(SaleRequest {
@@ -104,10 +105,13 @@ impl SaleQuery {
         (status = 200, description = "One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)", body = Sold),
         (status = 400, description = "Unknown strategy, `work_ms` out of range or a malformed `Idempotency-Key`; the message names the valid values", body = ErrorBody,
             example = json!({"error": "bad_request", "message": "unknown strategy \"v9\"; valid: none, local, setnx, ..."})),
-        (status = 409, description = "Nothing sold: `sold_out`, the lock was lost before the write (`lock_lost`, `stale_fence`), or an attempt with the same `Idempotency-Key` is still running (`in_progress`)", body = ErrorBody,
+        (status = 404, description = "Nothing sold: the item has no stock in Redis (`unknown_item`: never stocked, or Redis lost its data)", body = ErrorBody),
+        (status = 409, description = "Nothing sold: `sold_out`; the lock was lost before the write (`lock_lost`, `stale_fence`); a writer that takes no lock (an `atomic` sale, a reset) changed the stock during the sale (`stock_changed`); or an attempt with the same `Idempotency-Key` is still running or its outcome is not known yet (`in_progress`)", body = ErrorBody,
             example = json!({"error": "stale_fence", "message": "fencing token 7 is older than 8, already seen by the store; nothing was sold"})),
-        (status = 503, description = "Nothing sold: the lock stayed held for the whole wait budget (`lock_timeout`) or Redis did not answer (`redis_unavailable`)", body = ErrorBody,
+        (status = 503, description = "Nothing sold, for certain: the lock stayed held for the whole wait budget (`lock_timeout`), Redis did not answer before the write was sent (`redis_unavailable`), or Redis refused the service's credentials (`redis_auth_failed`)", body = ErrorBody,
             example = json!({"error": "lock_timeout", "message": "the lock stayed held for 10000 ms, the whole wait budget"})),
+        (status = 504, description = "Outcome unknown (`outcome_unknown`): the write was sent to Redis and never confirmed, so the item may have been sold. Retry with the same `Idempotency-Key` to learn the outcome; without one, a retry may buy a second item", body = ErrorBody,
+            example = json!({"error": "outcome_unknown", "message": "the sale's write was sent to Redis but never confirmed: it may have sold"})),
         (status = 500, description = "Unexpected failure; details are in the service log", body = ErrorBody),
     )
 )]
@@ -116,7 +120,7 @@ async fn sale(
     headers: SaleHeaders,
     ApiQuery(query): ApiQuery<SaleQuery>,
 ) -> Result<Response, ApiError> {
-    let request = query.into_request(app.default_strategy)?;
+    let request = query.into_request(app.default_strategy, app.max_work)?;
     let key = headers.idempotency_key;
     // The sale runs in its own task: a client that hangs up must not abandon it half-way,
     // between taking the lock and releasing it. The task keeps the request's span, and so
@@ -157,7 +161,8 @@ impl<S: Send + Sync> FromRequestParts<S> for SaleHeaders {
 /// Sell one item (GET, as in the tutorial)
 ///
 /// The same sale as `POST /inventory/sale`, for a browser's address bar and the tutorial's
-/// `curl`. Not idempotent, despite the method.
+/// `curl`. Not idempotent, despite the method. `HEAD` (which a `GET` route would otherwise
+/// answer by running the handler) never sells: it answers 405.
 #[utoipa::path(
     get,
     path = "/inventory/sale",
@@ -166,16 +171,23 @@ impl<S: Send + Sync> FromRequestParts<S> for SaleHeaders {
     responses(
         (status = 200, description = "One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)", body = Sold),
         (status = 400, description = "Unknown strategy, `work_ms` out of range or a malformed `Idempotency-Key`; the message names the valid values", body = ErrorBody),
-        (status = 409, description = "Nothing sold: `sold_out`, `lock_lost`, `stale_fence` or `in_progress`", body = ErrorBody),
-        (status = 503, description = "Nothing sold: `lock_timeout` or `redis_unavailable`", body = ErrorBody),
+        (status = 404, description = "Nothing sold: `unknown_item`", body = ErrorBody),
+        (status = 405, description = "`HEAD` never sells: nothing sold", body = ErrorBody),
+        (status = 409, description = "Nothing sold: `sold_out`, `lock_lost`, `stale_fence`, `stock_changed` or `in_progress`", body = ErrorBody),
+        (status = 503, description = "Nothing sold, for certain: `lock_timeout`, `redis_unavailable` or `redis_auth_failed`", body = ErrorBody),
+        (status = 504, description = "Outcome unknown (`outcome_unknown`): the write may have landed; retry with the same `Idempotency-Key` to learn it", body = ErrorBody),
         (status = 500, description = "Unexpected failure; details are in the service log", body = ErrorBody),
     )
 )]
 async fn sale_get(
+    method: Method,
     state: State<Arc<AppState>>,
     headers: SaleHeaders,
     query: ApiQuery<SaleQuery>,
 ) -> Result<Response, ApiError> {
+    if method == Method::HEAD {
+        return Err(ApiError::MethodNotAllowed);
+    }
     sale(state, headers, query).await
 }
 
@@ -186,11 +198,13 @@ async fn sale_get(
     tag = TAG_INVENTORY,
     responses(
         (status = 200, description = "Stock now, stock at the last reset, sales recorded", body = Inventory),
-        (status = 503, description = "Redis did not answer", body = ErrorBody),
+        (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody),
+        (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
     )
 )]
 async fn get_inventory(State(app): State<Arc<AppState>>) -> Result<Json<Inventory>, ApiError> {
-    Ok(Json(app.seller.store.inventory().await?))
+    let inventory = app.seller.store.inventory().await?;
+    Ok(Json(inventory.ok_or(ApiError::UnknownItem)?))
 }
 
 /// A reset of the item.
@@ -219,8 +233,9 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error>
 
 /// Reset the stock
 ///
-/// Sets the stock and the initial stock, empties the sales ledger, forgets the fencing
-/// history and deletes the item's lock. Needs `Authorization: Bearer <ADMIN_TOKEN>` when
+/// Sets the stock and the initial stock, empties the sales ledger and the audit's counters,
+/// and deletes the item's lock. A sale in flight across the reset is refused
+/// (`stock_changed`), and fencing tokens keep counting up. Needs `Authorization: Bearer <ADMIN_TOKEN>` when
 /// the service has one.
 #[utoipa::path(
     put,
@@ -252,22 +267,28 @@ async fn reset_inventory(
     let store = &app.seller.store;
     store.reset(reset.stock).await?;
     tracing::info!(stock = reset.stock, "inventory reset");
-    Ok(Json(store.inventory().await?))
+    let inventory = store.inventory().await?;
+    Ok(Json(inventory.ok_or(ApiError::Internal(
+        "the stock vanished right after its reset".into(),
+    ))?))
 }
 
 /// Audit the sales
 ///
-/// Compares the sales ledger with the stock: items oversold, decrements lost, and the
-/// remaining-stock values that more than one sale left behind.
+/// Compares the sales recorded with the stock: items oversold, decrements lost, and the
+/// remaining-stock values that more than one sale left behind. Reads counters that every
+/// write keeps, so it costs the same after a million sales as after one.
 #[utoipa::path(
     get,
     path = "/inventory/audit",
     tag = TAG_INVENTORY,
     responses(
         (status = 200, description = "The ledger against the stock", body = Audit),
-        (status = 503, description = "Redis did not answer", body = ErrorBody),
+        (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody),
+        (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
     )
 )]
 async fn audit(State(app): State<Arc<AppState>>) -> Result<Json<Audit>, ApiError> {
-    Ok(Json(app.seller.store.audit().await?))
+    let audit = app.seller.store.audit().await?;
+    Ok(Json(audit.ok_or(ApiError::UnknownItem)?))
 }

@@ -1,0 +1,22 @@
+-- Read the stock for a locked sale, with the count of lock-free writes that its write
+-- will check, and (for a fenced sale) make the store remember the reader's token.
+-- Registering the token at the read (not only at the write) is what stops a paused holder
+-- from writing after a newer holder has read: its write then carries an older token.
+-- KEYS[1]: the stock key
+-- KEYS[2]: the newest fencing token the store has seen
+-- KEYS[3]: the count of lock-free writes (atomic sales and resets)
+-- ARGV[1]: the reader's fencing token, or '' when the strategy has none
+-- returns: {1, stock, lock-free writes} when the token is current or absent (stock is -1
+--          when the key is missing); {0, newest, 0} when a newer token has been seen: the
+--          reader no longer holds the lock
+local token = tonumber(ARGV[1])
+if token then
+  local newest = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if token < newest then
+    return {0, newest, 0}
+  end
+  if token > newest then
+    redis.call('SET', KEYS[2], token)
+  end
+end
+return {1, tonumber(redis.call('GET', KEYS[1]) or '-1'), tonumber(redis.call('GET', KEYS[3]) or '0')}

@@ -1,0 +1,82 @@
+-- Write one sale: the stock, its ledger entry, the audit counters and the idempotency
+-- outcome, in one step, so no sale is recorded without its write and no write happens
+-- without its record. Both kinds of sale go through here, so every writer passes the
+-- same guards.
+--   mode 'locked': the tutorial's read-modify-write. The caller read the stock under its
+--     lock and sends the value to write; a stale caller overwrites newer stock (that is
+--     what the unsafe locks show). Refused when the store saw a newer fencing token, or
+--     when a writer that takes no lock (an `atomic` sale, a reset) wrote since the read:
+--     a lock protects only the writers that take it, so those writers announce themselves.
+--   mode 'atomic': no lock; decrement if anything is left, and announce the lock-free write.
+-- KEYS[1]: the stock key
+-- KEYS[2]: the ledger (a stream of at most ARGV[7] entries)
+-- KEYS[3]: the number of sales since the last reset
+-- KEYS[4]: a bitmap of the remaining-stock values already sold
+-- KEYS[5]: remaining-stock value -> times sold, for values sold more than once
+-- KEYS[6]: the newest fencing token the store has seen
+-- KEYS[7]: the count of lock-free writes (atomic sales and resets), never reset
+-- KEYS[8]: the sale's idempotency key (untouched when ARGV[5] is '')
+-- ARGV[1]: mode, 'locked' or 'atomic'
+-- ARGV[2]: order id
+-- ARGV[3]: instance name
+-- ARGV[4]: strategy name
+-- ARGV[5]: the idempotency claim this sale holds ('pending:<order id>'), or ''
+-- ARGV[6]: how long the idempotency key keeps the result, in milliseconds
+-- ARGV[7]: the ledger's cap (exact: one entry trimmed per sale once full)
+-- ARGV[8]: 'locked' only: the new stock value
+-- ARGV[9]: 'locked' only: the fencing token, or '' when the strategy has none
+-- ARGV[10]: 'locked' only: the lock-free write count the caller read with the stock
+-- returns: {1, stock left} when sold; {0, newest token} for a stale fencing token;
+--          {2, 0} when the idempotency claim expired or was taken; {3, 0} when a lock-free
+--          writer wrote since the read; {4, 0} when the stock key is missing (never stocked,
+--          or Redis lost its data); {5, 0} when nothing is left (atomic only).
+--          Nothing is written in any case but the first.
+local locked = ARGV[1] == 'locked'
+local fence = locked and tonumber(ARGV[9]) or nil
+if fence then
+  local newest = tonumber(redis.call('GET', KEYS[6]) or '0')
+  if fence < newest then
+    return {0, newest}
+  end
+end
+if ARGV[5] ~= '' and redis.call('GET', KEYS[8]) ~= ARGV[5] then
+  return {2, 0}
+end
+local current = redis.call('GET', KEYS[1])
+if not current then
+  return {4, 0}
+end
+local remaining
+if locked then
+  if (redis.call('GET', KEYS[7]) or '0') ~= ARGV[10] then
+    return {3, 0}
+  end
+  if fence then
+    redis.call('SET', KEYS[6], fence)
+  end
+  remaining = tonumber(ARGV[8])
+  redis.call('SET', KEYS[1], remaining)
+else
+  if tonumber(current) <= 0 then
+    return {5, 0}
+  end
+  remaining = redis.call('DECR', KEYS[1])
+  redis.call('INCR', KEYS[7])
+end
+local entry = cjson.encode({order_id = ARGV[2], instance = ARGV[3], strategy = ARGV[4],
+  remaining = remaining, fence = fence})
+redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[7], '*', 'sale', entry)
+redis.call('INCR', KEYS[3])
+-- One bit per remaining value: a value sold twice is the tutorial's "76 sold twice".
+-- Only values sold more than once go into the hash, so the audit reads O(duplicates).
+if remaining < 0 or redis.call('SETBIT', KEYS[4], remaining, 1) == 1 then
+  if redis.call('HEXISTS', KEYS[5], remaining) == 1 then
+    redis.call('HINCRBY', KEYS[5], remaining, 1)
+  else
+    redis.call('HSET', KEYS[5], remaining, 2)
+  end
+end
+if ARGV[5] ~= '' then
+  redis.call('SET', KEYS[8], 'sold:' .. entry, 'PX', ARGV[6])
+end
+return {1, remaining}
