@@ -37,8 +37,12 @@ pub struct Config {
     #[arg(long, env = "LOCK_STRATEGY", default_value = "fenced", value_parser = parse_strategy)]
     pub lock_strategy: Strategy,
 
-    /// Lease of a Redis lock in milliseconds (the watchdog renews every third of it).
-    #[arg(long, env = "LOCK_TTL_MS", default_value_t = 30_000,
+    /// Lease of a Redis lock in milliseconds (the watchdog renews every third of it). A
+    /// holder that crashes stops every sale of the item for up to this long; strategies that
+    /// do not renew lose the lock to work longer than this. The default is 2.5 times the
+    /// longest work allowed (`MAX_WORK_MS`) and half the wait budget, so a waiting sale
+    /// outlives a crashed holder.
+    #[arg(long, env = "LOCK_TTL_MS", default_value_t = 5_000,
           value_parser = clap::value_parser!(u64).range(30..=3_600_000))]
     pub lock_ttl_ms: u64,
 
@@ -51,9 +55,35 @@ pub struct Config {
     #[arg(long, env = "LOCK_WAIT", value_enum, default_value_t = WaitMode::Notify)]
     pub lock_wait: WaitMode,
 
-    /// Bearer token required by `PUT /inventory`; unset leaves admin endpoints open.
-    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
+    /// Bearer token required by `PUT /inventory`; unset leaves admin endpoints open. An
+    /// empty token is refused: it would look set while protecting nothing.
+    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true, value_parser = parse_admin_token)]
     pub admin_token: Option<String>,
+
+    /// Longest simulated business time (`work_ms`) a sale may ask for, in milliseconds.
+    /// Small on purpose: the lock is held that long, so a few buyers asking for long work
+    /// (renewed by the watchdog) would lock every other buyer out.
+    #[arg(long, env = "MAX_WORK_MS", default_value_t = 2_000,
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub max_work_ms: u64,
+
+    /// Ledger entries kept per item (older ones are trimmed); the audit's figures are
+    /// counters and do not depend on it.
+    #[arg(long, env = "LEDGER_MAX", default_value_t = crate::store::DEFAULT_LEDGER_CAP,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub ledger_max: u64,
+
+    /// Most client connections one instance keeps open at once; more wait in the listen
+    /// backlog. Bounds what slow or idle clients can hold.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1_024,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_connections: u64,
+
+    /// How long a client may take to send a request's headers, and how long an idle
+    /// keep-alive connection stays open, in milliseconds.
+    #[arg(long, env = "HEADER_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub header_timeout_ms: u64,
 
     /// Item whose stock is sold (letters, digits, `-` and `_`; at most 32).
     #[arg(long, env = "ITEM_ID", default_value = "001", value_parser = parse_item_id)]
@@ -119,8 +149,27 @@ impl Config {
         Duration::from_millis(self.lock_wait_ms)
     }
 
+    pub fn max_work(&self) -> Duration {
+        Duration::from_millis(self.max_work_ms)
+    }
+
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_timeout_ms)
+    }
+
     pub fn redis_timeout(&self) -> Duration {
         Duration::from_millis(self.redis_timeout_ms)
+    }
+}
+
+fn parse_admin_token(token: &str) -> Result<String, String> {
+    if token.trim().is_empty() {
+        Err(
+            "ADMIN_TOKEN is empty: set a real token, or unset it to leave admin endpoints open"
+                .into(),
+        )
+    } else {
+        Ok(token.to_owned())
     }
 }
 
@@ -180,7 +229,8 @@ mod tests {
         assert_eq!(default("port"), "7777");
         assert_eq!(default("redis_url"), "redis://127.0.0.1:6379");
         assert_eq!(default("lock_strategy"), "fenced");
-        assert_eq!(default("lock_ttl_ms"), "30000");
+        assert_eq!(default("lock_ttl_ms"), "5000");
+        assert_eq!(default("max_work_ms"), "2000");
         assert_eq!(default("lock_wait_ms"), "10000");
         assert_eq!(default("lock_wait"), "notify");
         assert_eq!(default("item_id"), "001");
@@ -190,5 +240,18 @@ mod tests {
             "",
             "unset leaves admin endpoints open"
         );
+    }
+
+    #[test]
+    fn an_empty_admin_token_is_refused_at_start_up() {
+        for args in [
+            &["inventory", "--admin-token", ""][..],
+            &["inventory", "--admin-token", "  "][..],
+        ] {
+            let err = Config::try_parse_from(args).unwrap_err().to_string();
+            assert!(err.contains("ADMIN_TOKEN is empty"), "{err}");
+        }
+        let config = Config::try_parse_from(["inventory", "--admin-token", "t0k"]).unwrap();
+        assert_eq!(config.admin_token.as_deref(), Some("t0k"));
     }
 }

@@ -9,7 +9,10 @@ use inventory::config::{Config, LogFormat};
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     if config.openapi {
-        println!("{}", inventory::http::openapi().to_pretty_json()?);
+        println!(
+            "{}",
+            inventory::http::openapi(config.max_work_ms).to_pretty_json()?
+        );
         return Ok(());
     }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));

@@ -4,8 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::sync::Semaphore;
 
 use crate::config::Config;
 use crate::http::{self, AppState};
@@ -25,7 +29,8 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
         config.redis_timeout(),
         Arc::new(Metrics::default()),
     )
-    .map_err(|e| anyhow::anyhow!("REDIS_URL is not a valid Redis URL ({:?})", e.kind()))?;
+    .map_err(|e| anyhow::anyhow!("REDIS_URL is not a valid Redis URL ({:?})", e.kind()))?
+    .with_ledger_cap(config.ledger_max);
     let locks = Locks::new(
         store.clone(),
         config.lock_ttl(),
@@ -41,13 +46,19 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
             idempotency_keep: Duration::from_secs(config.idempotency_ttl_s),
         },
         default_strategy: config.lock_strategy,
-        admin_token: config.admin_token.clone().filter(|t| !t.is_empty()),
+        admin_token: config.admin_token.clone(),
+        max_work: config.max_work(),
     };
     http::app(state, &instance)
 }
 
 /// Serves until Ctrl-C or SIGTERM; then stops accepting, lets the sales in flight finish
 /// (and so release their locks) for up to `SHUTDOWN_GRACE_MS`, and returns.
+///
+/// hyper is driven directly rather than through `axum::serve`, for the two bounds a service
+/// facing slow or idle clients needs and `axum::serve` does not set: a deadline for each
+/// request's headers (which also closes idle keep-alive connections), and a cap on open
+/// connections (past it, new ones wait in the kernel's backlog instead of costing memory).
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let app = build(&config)?;
     let addr = (config.bind_addr, config.port);
@@ -62,25 +73,79 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         wait_ms = config.lock_wait_ms,
         "listening"
     );
-    let stopping = Arc::new(Notify::new());
-    let signalled = {
-        let stopping = stopping.clone();
-        async move {
-            shutdown_signal().await;
-            stopping.notify_one();
-        }
-    };
-    let serve = axum::serve(listener, app).with_graceful_shutdown(signalled);
+    tokio::spawn(report_redis_at_start(config.clone()));
+
+    // HTTP/1.1 only (nginx and every client here speak it): the auto-detecting builder
+    // reads a first byte before any timer runs, so a client that connects and sends
+    // nothing would be kept forever.
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(config.header_timeout());
+    let connections = Arc::new(Semaphore::new(config.max_connections as usize));
+    let graceful = GracefulShutdown::new();
+    let signalled = shutdown_signal();
+    tokio::pin!(signalled);
+    loop {
+        let permit = tokio::select! {
+            () = &mut signalled => break,
+            permit = connections.clone().acquire_owned() => permit?,
+        };
+        let (stream, _) = tokio::select! {
+            () = &mut signalled => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
     let grace = Duration::from_millis(config.shutdown_grace_ms);
-    tokio::select! {
-        served = serve => served?,
-        () = async { stopping.notified().await; tokio::time::sleep(grace).await } => {
-            tracing::warn!(grace_ms = config.shutdown_grace_ms,
-                "requests still in flight after the grace period; exiting (their locks expire with their leases)");
-        }
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace_ms = config.shutdown_grace_ms,
+            "requests still in flight after the grace period; exiting (their locks expire with their leases)"
+        );
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Says at start-up what is wrong with Redis, when something is: a wrong password fails
+/// every sale, and should not first be discovered by a buyer.
+async fn report_redis_at_start(config: Config) {
+    let Ok(store) = Store::new(
+        &config.redis_url,
+        &config.item_id,
+        config.redis_timeout(),
+        Arc::new(Metrics::default()),
+    ) else {
+        return;
+    };
+    match store.ping().await {
+        Ok(()) => tracing::info!("redis reachable"),
+        Err(e) if crate::store::is_auth_error(&e) => tracing::error!(
+            "redis refused the credentials in REDIS_URL (wrong or missing password, or user \
+             without rights): every sale will fail with 503 redis_auth_failed until it is fixed"
+        ),
+        Err(e) => tracing::warn!(error = %e, "redis not reachable yet; retrying on each request"),
+    }
 }
 
 async fn shutdown_signal() {

@@ -38,6 +38,8 @@ pub struct AppState {
     pub seller: Seller,
     pub default_strategy: Strategy,
     pub admin_token: Option<String>,
+    /// Longest `work_ms` a sale may ask for.
+    pub max_work: std::time::Duration,
 }
 
 #[derive(OpenApi)]
@@ -78,19 +80,48 @@ fn api_router() -> OpenApiRouter<Arc<AppState>> {
         .merge(meta::router())
 }
 
-/// The OpenAPI document, without building the application.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_router().into_openapi()
+/// The OpenAPI document, without building the application, for an instance that allows
+/// `work_ms` up to `max_work_ms`.
+pub fn openapi(max_work_ms: u64) -> utoipa::openapi::OpenApi {
+    let mut api = api_router().into_openapi();
+    set_max_work(&mut api, max_work_ms);
+    api
+}
+
+/// The document states the configured ceiling of `work_ms`, not the hard one, so that a
+/// client generated from it never sends what the instance refuses.
+fn set_max_work(api: &mut utoipa::openapi::OpenApi, max_work_ms: u64) {
+    use utoipa::openapi::{RefOr, Schema};
+    let operations = api
+        .paths
+        .paths
+        .values_mut()
+        .flat_map(|item| [item.get.as_mut(), item.post.as_mut()])
+        .flatten();
+    for operation in operations {
+        let parameters = operation.parameters.iter_mut().flatten();
+        let inline = parameters.filter_map(|p| match p {
+            RefOr::T(p) => Some(p),
+            RefOr::Ref(_) => None,
+        });
+        for parameter in inline.filter(|p| p.name == "work_ms") {
+            if let Some(RefOr::T(Schema::Object(schema))) = parameter.schema.as_mut() {
+                schema.maximum = Some(utoipa::Number::UInt(max_work_ms as usize));
+            }
+        }
+    }
 }
 
 /// The whole application, ready for `axum::serve` or for `oneshot` in tests.
 pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
     let instance = HeaderValue::from_str(instance)
         .map_err(|_| anyhow::anyhow!("instance name {instance:?} cannot be sent in a header"))?;
-    let (router, api) = api_router().split_for_parts();
+    let (router, mut api) = api_router().split_for_parts();
+    set_max_work(&mut api, state.max_work.as_millis() as u64);
     Ok(router
         .merge(SwaggerUi::new("/swagger-ui").url("/api-docs/openapi.json", api))
         .fallback(|| async { ApiError::NotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(Arc::new(state))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(
