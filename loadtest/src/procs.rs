@@ -466,7 +466,8 @@ pub fn default_env(redis_url: &str, name: &str) -> BTreeMap<String, String> {
         ("ITEM_ID", "001"),
         ("REDIS_TIMEOUT_MS", "1000"),
         ("RELEASE_GAP_MS", "0"),
-        ("ADMIN_TOKEN", ""),
+        // The fault scenarios and tests ask for long work on purpose.
+        ("MAX_WORK_MS", "60000"),
         ("LOG_FORMAT", "json"),
         ("RUST_LOG", "info,inventory=debug"),
     ]
@@ -499,6 +500,9 @@ impl InventoryProcess {
             let dir = tempfile::tempdir()?;
             let mut command = Command::new(bin);
             command
+                // An inherited token would lock the tests out of resets; an empty one is
+                // refused at start-up, so none at all unless `env` names one.
+                .env_remove("ADMIN_TOKEN")
                 .env("PORT", port.to_string())
                 .envs(env)
                 .current_dir(dir.path())
