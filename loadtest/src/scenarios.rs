@@ -39,7 +39,7 @@ pub struct Scenario {
     pub survivor: Strategy,
 }
 
-pub const SCENARIOS: [Scenario; 7] = [
+pub const SCENARIOS: [Scenario; 8] = [
     Scenario {
         name: "two-instances",
         fault: "concurrent sales on both instances",
@@ -81,6 +81,16 @@ pub const SCENARIOS: [Scenario; 7] = [
         fault: "SIGSTOP the holder after it read the stock, longer than the TTL, while the other instance sells",
         flawed: Strategy::Redis(RedisLock::Watchdog),
         survivor: Strategy::Redis(RedisLock::Fenced),
+    },
+    // A lock protects only the writers that take it. The row's strategy is the second
+    // writer, selling beside `fenced` buyers on the same item: `none` ignores the lock and
+    // overwrites; `atomic` takes no lock either, but announces its writes, so a locked sale
+    // that read before one is refused instead of overwriting it.
+    Scenario {
+        name: "mixed-writers",
+        fault: "half the buyers use fenced, the other half a writer that takes no lock",
+        flawed: Strategy::None,
+        survivor: Strategy::Atomic,
     },
 ];
 
@@ -144,6 +154,7 @@ pub async fn run(
             "reentry" => reentry(&env, strategy).await?,
             "long-work" => long_work(&env, strategy).await?,
             "process-pause" => process_pause(&env, strategy).await?,
+            "mixed-writers" => mixed_writers(&env, strategy).await?,
             other => anyhow::bail!("unknown scenario {other}"),
         };
         if observed == Observed::Missed && attempt < attempts {
@@ -343,6 +354,48 @@ async fn two_instances(env: &Env, strategy: Strategy) -> anyhow::Result<(Observe
     Ok((
         observed,
         json!({"sold_by": sold_by, "audit": audit_json(&audit)}),
+    ))
+}
+
+/// `fenced` buyers on app1 and `strategy` buyers on app2, on one item, at once.
+async fn mixed_writers(env: &Env, strategy: Strategy) -> anyhow::Result<(Observed, Value)> {
+    const STOCK: i64 = 20;
+    env.reset(STOCK).await?;
+    let fenced = Strategy::Redis(RedisLock::Fenced);
+    let sales = (0..40).map(|i| {
+        let (app, strategy) = if i % 2 == 0 {
+            (0, fenced)
+        } else {
+            (1, strategy)
+        };
+        env.sale(app, query(strategy, 20))
+    });
+    let replies = futures_util::future::join_all(sales).await;
+    let audit = env.audit().await?;
+    let mut outcomes = BTreeMap::<String, u64>::new();
+    for (i, r) in replies.iter().enumerate() {
+        let who = if i % 2 == 0 {
+            "fenced"
+        } else {
+            strategy.name()
+        };
+        *outcomes.entry(format!("{who}: {}", r.code())).or_default() += 1;
+    }
+    let sold_200 = replies.iter().filter(|r| r.status == 200).count() as i64;
+    let both_sold = ["fenced: sold", &format!("{}: sold", strategy.name())]
+        .iter()
+        .all(|k| outcomes.contains_key(*k));
+    let observed = if !audit.clean || sold_200 != STOCK - audit.remaining {
+        Observed::Flaw
+    } else if both_sold {
+        Observed::Safe
+    } else {
+        // One kind of writer never sold: the two never met.
+        Observed::Missed
+    };
+    Ok((
+        observed,
+        json!({"outcomes": outcomes, "answered_200": sold_200, "audit": audit_json(&audit)}),
     ))
 }
 

@@ -1,7 +1,11 @@
 //! Each script of `lua/` against a real Redis: what it does for its owner, and that it does
 //! nothing for anyone else.
 
-use inventory::store::{Keys, scripts};
+use std::sync::Arc;
+use std::time::Duration;
+
+use inventory::metrics::Metrics;
+use inventory::store::{Claim, Entry, Keys, Recorded, StockRead, Store, scripts};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
@@ -41,6 +45,27 @@ async fn renew(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
         .key(&k.lock)
         .arg(owner)
         .arg(TTL_MS)
+        .invoke_async(c)
+        .await
+        .unwrap()
+}
+
+async fn lock_fenced(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> (i64, i64) {
+    scripts::LOCK_FENCED
+        .key(&k.lock)
+        .key(&k.fence)
+        .arg(owner)
+        .arg(TTL_MS)
+        .invoke_async(c)
+        .await
+        .unwrap()
+}
+
+async fn unlock_owned(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
+    scripts::UNLOCK_OWNED
+        .key(&k.lock)
+        .arg(owner)
+        .arg(&k.released)
         .invoke_async(c)
         .await
         .unwrap()
@@ -213,184 +238,275 @@ async fn each_fenced_acquisition_draws_a_larger_token_and_reentry_keeps_it() {
     assert!(pttl(&mut c, &k.lock).await > 0, "lease set");
 }
 
-async fn record_sale(
-    c: &mut MultiplexedConnection,
-    k: &Keys,
-    stock: i64,
-    fence: &str,
-) -> (i64, i64) {
-    scripts::RECORD_SALE
-        .key(&k.stock)
-        .key(&k.ledger)
-        .key(&k.sold_at)
-        .key(&k.fence_seen)
-        .key(k.idempotency("unused"))
-        .arg(stock)
-        .arg("order")
-        .arg("app1")
-        .arg("fenced")
-        .arg(fence)
-        .arg("")
-        .arg(0)
-        .invoke_async(c)
-        .await
-        .unwrap()
+fn store(redis: &RedisServer) -> Store {
+    Store::new(
+        &redis.url(),
+        "001",
+        Duration::from_secs(2),
+        Arc::new(Metrics::default()),
+    )
+    .unwrap()
+}
+
+fn entry<'a>(claim: Option<&'a Claim>) -> Entry<'a> {
+    Entry {
+        order_id: "o-1",
+        instance: "app1",
+        strategy: "fenced",
+        claim,
+    }
 }
 
 #[tokio::test]
 async fn the_fenced_write_refuses_a_token_older_than_the_newest_seen() {
-    let (_redis, mut c, k) = setup().await;
-    let _: () = c.set(&k.stock, 10).await.unwrap();
+    let (redis, mut c, k) = setup().await;
+    let store = store(&redis);
+    store.reset(10).await.unwrap();
+    let lockfree = read(&store, Some(7)).await.1;
 
-    assert_eq!(record_sale(&mut c, &k, 9, "7").await, (1, 9));
-    assert_eq!(
-        record_sale(&mut c, &k, 8, "6").await,
-        (0, 7),
-        "token 6 after 7 is stale"
-    );
-    let stock: i64 = c.get(&k.stock).await.unwrap();
-    assert_eq!(stock, 9, "the refused write changed nothing");
-    let sales: i64 = c.llen(&k.ledger).await.unwrap();
-    assert_eq!(sales, 1, "the refused write recorded nothing");
-
-    // A newer holder's read registers its token, so the older holder's later write fails
-    // even though no newer write has happened yet.
-    let read: (i64, i64) = scripts::READ_FENCED
-        .key(&k.stock)
-        .key(&k.fence_seen)
-        .arg(8)
-        .invoke_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(read, (1, 9));
-    assert_eq!(record_sale(&mut c, &k, 8, "7").await, (0, 8));
-    let stale_read: (i64, i64) = scripts::READ_FENCED
-        .key(&k.stock)
-        .key(&k.fence_seen)
-        .arg(7)
-        .invoke_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(stale_read, (0, 8));
-}
-
-#[tokio::test]
-async fn an_unfenced_write_records_the_sale_with_the_stock_it_left() {
-    let (_redis, mut c, k) = setup().await;
-    assert_eq!(record_sale(&mut c, &k, 4, "").await, (1, 4));
-    assert_eq!(record_sale(&mut c, &k, 4, "").await, (1, 4));
-    let twice: i64 = c.hget(&k.sold_at, 4).await.unwrap();
-    assert_eq!(twice, 2, "the same remaining value sold twice is counted");
-    let entry: String = c.lindex(&k.ledger, 0).await.unwrap();
-    let entry: serde_json::Value = serde_json::from_str(&entry).unwrap();
-    assert_eq!(entry["remaining"], 4);
-    assert_eq!(entry["instance"], "app1");
-}
-
-#[tokio::test]
-async fn the_atomic_sale_stops_at_zero() {
-    let (_redis, mut c, k) = setup().await;
-    let _: () = c.set(&k.stock, 2).await.unwrap();
-    let mut left = Vec::new();
-    for _ in 0..4 {
-        let remaining: i64 = scripts::ATOMIC_SALE
-            .key(&k.stock)
-            .key(&k.ledger)
-            .key(&k.sold_at)
-            .key(k.idempotency("unused"))
-            .arg("order")
-            .arg("app1")
-            .arg("atomic")
-            .arg("")
-            .arg(0)
-            .invoke_async(&mut c)
-            .await
-            .unwrap();
-        left.push(remaining);
-    }
-    assert_eq!(left, [1, 0, -1, -1]);
-    let sales: i64 = c.llen(&k.ledger).await.unwrap();
-    assert_eq!(sales, 2);
-}
-
-#[tokio::test]
-async fn reset_clears_ledger_fencing_and_lock() {
-    let (_redis, mut c, k) = setup().await;
-    lock_reentrant(&mut c, &k, "a").await;
-    record_sale(&mut c, &k, 3, "5").await;
-    let _: () = c.set(&k.fence, 5).await.unwrap();
-
-    let stock: i64 = scripts::RESET
-        .key(&k.stock)
-        .key(&k.initial)
-        .key(&k.ledger)
-        .key(&k.sold_at)
-        .key(&k.fence)
-        .key(&k.fence_seen)
-        .key(&k.lock)
-        .arg(100)
-        .arg(&k.released)
-        .invoke_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(stock, 100);
-    let initial: i64 = c.get(&k.initial).await.unwrap();
-    assert_eq!(initial, 100);
-    for key in [&k.ledger, &k.sold_at, &k.fence, &k.fence_seen, &k.lock] {
-        let exists: bool = c.exists(key).await.unwrap();
-        assert!(!exists, "{key} survived the reset");
-    }
-}
-
-#[tokio::test]
-async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_with_the_sale() {
-    let (_redis, mut c, k) = setup().await;
-    let _: () = c.set(&k.stock, 5).await.unwrap();
-    let key = k.idempotency("retry-1");
-    let conn = c.clone();
-    let sell = |marker: &'static str| {
-        let (k, key, mut c) = (k.clone(), key.clone(), conn.clone());
+    let write = |stock, fence| {
+        let store = store.clone();
         async move {
-            scripts::ATOMIC_SALE
-                .key(&k.stock)
-                .key(&k.ledger)
-                .key(&k.sold_at)
-                .key(&key)
-                .arg("o-1")
-                .arg("app1")
-                .arg("atomic")
-                .arg(marker)
-                .arg(60_000)
-                .invoke_async::<i64>(&mut c)
+            store
+                .record_sale(stock, &entry(None), Some(fence), lockfree)
                 .await
                 .unwrap()
         }
     };
-
-    assert_eq!(sell("pending:o-1").await, -2, "no claim, no sale");
-    let _: () = c.set(&key, "pending:o-1").await.unwrap();
+    assert_eq!(write(9, 7).await, Recorded::Written(9));
     assert_eq!(
-        sell("pending:o-2").await,
-        -2,
+        write(8, 6).await,
+        Recorded::StaleFence { newest: 7 },
+        "token 6 after 7 is stale"
+    );
+    let stock: i64 = c.get(&k.stock).await.unwrap();
+    assert_eq!(stock, 9, "the refused write changed nothing");
+    assert_eq!(
+        store.ledger().await.unwrap().len(),
+        1,
+        "and recorded nothing"
+    );
+
+    // A newer holder's read registers its token, so the older holder's later write fails
+    // even though no newer write has happened yet.
+    assert_eq!(read(&store, Some(8)).await.0, Some(9));
+    assert_eq!(write(8, 7).await, Recorded::StaleFence { newest: 8 });
+    assert_eq!(
+        store.read_for_sale(Some(7)).await.unwrap(),
+        StockRead::Stale { newest: 8 }
+    );
+}
+
+/// What a locked sale reads: the stock and the lock-free write count its write hands back.
+async fn read(store: &Store, fence: Option<u64>) -> (Option<i64>, i64) {
+    match store.read_for_sale(fence).await.unwrap() {
+        StockRead::Current { stock, lockfree } => (stock, lockfree),
+        StockRead::Stale { newest } => panic!("stale: {newest}"),
+    }
+}
+
+#[tokio::test]
+async fn an_unfenced_write_records_the_sale_and_counts_a_value_sold_twice() {
+    let (redis, _c, _k) = setup().await;
+    let store = store(&redis);
+    store.reset(5).await.unwrap();
+    let (_, lockfree) = read(&store, None).await;
+    for _ in 0..3 {
+        let written = store.record_sale(4, &entry(None), None, lockfree).await;
+        assert_eq!(written.unwrap(), Recorded::Written(4));
+    }
+    let audit = store.audit().await.unwrap().unwrap();
+    assert_eq!((audit.sales, audit.remaining), (3, 4));
+    assert_eq!(audit.duplicates.len(), 1);
+    assert_eq!(
+        (audit.duplicates[0].remaining, audit.duplicates[0].times),
+        (4, 3)
+    );
+    assert_eq!((audit.oversold, audit.lost_updates), (0, 2));
+    let ledger = store.ledger().await.unwrap();
+    let first: serde_json::Value = serde_json::from_str(&ledger[0]).unwrap();
+    assert_eq!(
+        (first["remaining"].as_i64(), first["instance"].as_str()),
+        (Some(4), Some("app1"))
+    );
+}
+
+#[tokio::test]
+async fn the_atomic_sale_stops_at_zero() {
+    let (redis, _c, _k) = setup().await;
+    let store = store(&redis);
+    store.reset(2).await.unwrap();
+    let mut left = Vec::new();
+    for _ in 0..4 {
+        left.push(store.atomic_sale(&entry(None)).await.unwrap());
+    }
+    use Recorded::*;
+    assert_eq!(left, [Written(1), Written(0), SoldOut, SoldOut]);
+    assert_eq!(store.audit().await.unwrap().unwrap().sales, 2);
+}
+
+#[tokio::test]
+async fn no_write_creates_a_stock_that_is_not_there() {
+    let (redis, mut c, k) = setup().await;
+    let store = store(&redis);
+    assert_eq!(read(&store, None).await.0, None);
+    assert_eq!(
+        store.atomic_sale(&entry(None)).await.unwrap(),
+        Recorded::Unstocked
+    );
+    assert_eq!(
+        store.record_sale(41, &entry(None), None, 0).await.unwrap(),
+        Recorded::Unstocked
+    );
+    let exists: bool = c.exists(&k.stock).await.unwrap();
+    assert!(!exists, "a write conjured a stock");
+    assert!(store.audit().await.unwrap().is_none());
+    assert!(store.inventory().await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_locked_write_never_lands_after_a_lock_free_write_it_did_not_see() {
+    let (redis, mut c, k) = setup().await;
+    let store = store(&redis);
+    store.reset(10).await.unwrap();
+    let (stock, lockfree) = read(&store, Some(1)).await;
+    assert_eq!(stock, Some(10));
+
+    // An atomic sale lands between the locked sale's read and its write.
+    assert_eq!(
+        store.atomic_sale(&entry(None)).await.unwrap(),
+        Recorded::Written(9)
+    );
+    for fence in [Some(1), None] {
+        assert_eq!(
+            store
+                .record_sale(9, &entry(None), fence, lockfree)
+                .await
+                .unwrap(),
+            Recorded::StockChanged
+        );
+    }
+    // So does a reset.
+    let (_, lockfree) = read(&store, None).await;
+    store.reset(100).await.unwrap();
+    assert_eq!(
+        store
+            .record_sale(8, &entry(None), None, lockfree)
+            .await
+            .unwrap(),
+        Recorded::StockChanged
+    );
+    let stock: i64 = c.get(&k.stock).await.unwrap();
+    assert_eq!(stock, 100);
+}
+
+#[tokio::test]
+async fn a_reset_clears_the_ledger_and_the_lock_but_fencing_tokens_keep_counting_up() {
+    let (redis, mut c, k) = setup().await;
+    let store = store(&redis);
+    store.reset(10).await.unwrap();
+    let (_, before) = lock_fenced(&mut c, &k, "a").await;
+    let (_, lockfree) = read(&store, Some(before as u64)).await;
+    store
+        .record_sale(9, &entry(None), Some(before as u64), lockfree)
+        .await
+        .unwrap();
+
+    store.reset(100).await.unwrap();
+    let initial: i64 = c.get(&k.initial).await.unwrap();
+    assert_eq!(initial, 100);
+    for key in [&k.ledger, &k.sales, &k.sold, &k.duplicates, &k.lock] {
+        let exists: bool = c.exists(key).await.unwrap();
+        assert!(!exists, "{key} survived the reset");
+    }
+    let (taken, after) = lock_fenced(&mut c, &k, "b").await;
+    assert_eq!(taken, 1, "the reset freed the lock");
+    assert!(
+        after > before,
+        "token {after} after the reset, {before} before"
+    );
+}
+
+#[tokio::test]
+async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_with_the_sale() {
+    let (redis, mut c, k) = setup().await;
+    let store = store(&redis);
+    store.reset(5).await.unwrap();
+    let claim = |order: &str| Claim {
+        key: k.idempotency("retry-1"),
+        marker: format!("pending:{order}"),
+        keep: Duration::from_secs(60),
+    };
+    let (mine, theirs) = (claim("o-1"), claim("o-2"));
+    let sell = |claim: &Claim| {
+        let (store, claim) = (store.clone(), claim.clone());
+        async move { store.atomic_sale(&entry(Some(&claim))).await.unwrap() }
+    };
+
+    assert_eq!(sell(&mine).await, Recorded::ClaimLost, "no claim, no sale");
+    let prior = store.claim(&mine, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(prior, None, "claimed");
+    assert_eq!(
+        sell(&theirs).await,
+        Recorded::ClaimLost,
         "someone else's claim, no sale"
     );
-    assert_eq!(sell("pending:o-1").await, 4);
-    let kept: String = c.get(&key).await.unwrap();
+    assert_eq!(sell(&mine).await, Recorded::Written(4));
+    let kept: String = c.get(&mine.key).await.unwrap();
     assert!(
         kept.starts_with("sold:") && kept.contains("\"order_id\":\"o-1\""),
         "{kept}"
     );
     assert!(
-        pttl(&mut c, &key).await > 50_000,
+        pttl(&mut c, &mine.key).await > 50_000,
         "kept for the configured time"
     );
     assert_eq!(
-        sell("pending:o-1").await,
-        -2,
+        sell(&mine).await,
+        Recorded::ClaimLost,
         "the claim is spent: a replay cannot sell again"
     );
-    let sales: i64 = c.llen(&k.ledger).await.unwrap();
-    assert_eq!(sales, 1);
+    assert_eq!(store.audit().await.unwrap().unwrap().sales, 1);
+}
+
+/// Every pair of lock shapes on the same key: a string lock (`SET NX`, the naive strategies
+/// and `lua-release`) and a hash lock (`reentrant`, `watchdog`, `fenced`). A lock held in
+/// the other shape is a held lock: never an error, never taken, never released or renewed
+/// by the other side.
+#[tokio::test]
+async fn a_lock_held_in_the_other_shape_is_held_and_never_an_error() {
+    let (_redis, mut c, k) = setup().await;
+    // A string lock held: the hash scripts see a holder.
+    let _: () = redis::cmd("SET")
+        .arg(&k.lock)
+        .arg("s")
+        .arg("PX")
+        .arg(TTL_MS)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let (taken, lease) = lock_reentrant(&mut c, &k, "h").await;
+    assert_eq!(taken, 0);
+    assert!(lease > 0, "the busy reply carries the string lock's lease");
+    assert_eq!(lock_fenced(&mut c, &k, "h").await.0, 0);
+    assert_eq!(unlock_reentrant(&mut c, &k, "s").await, -1);
+    assert_eq!(renew(&mut c, &k, "s").await, 0);
+    let holder: String = c.get(&k.lock).await.unwrap();
+    assert_eq!(holder, "s", "untouched");
+    assert_eq!(unlock_owned(&mut c, &k, "s").await, 1);
+
+    // A hash lock held: the string scripts see a holder.
+    assert_eq!(lock_fenced(&mut c, &k, "h").await.0, 1);
+    assert_eq!(unlock_owned(&mut c, &k, "h").await, 0);
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&k.lock)
+        .arg("s")
+        .arg("NX")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(set, None, "SET NX does not take a hash lock");
+    assert_eq!(unlock_reentrant(&mut c, &k, "h").await, 1);
 }
 
 #[tokio::test]

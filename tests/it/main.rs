@@ -10,6 +10,7 @@ mod harness;
 mod leaks;
 mod lua;
 mod resilience;
+mod safety;
 mod scenarios;
 mod stack;
 mod strategies;

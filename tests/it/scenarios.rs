@@ -45,6 +45,8 @@ rows! {
     watchdog_renews_the_lock_through_long_work => ("long-work", "watchdog", Safe),
     watchdog_lets_a_paused_holder_write_after_its_lock_expired => ("process-pause", "watchdog", Flaw),
     fenced_refuses_the_paused_holders_stale_write => ("process-pause", "fenced", Safe),
+    a_lock_does_not_protect_against_a_writer_that_ignores_it => ("mixed-writers", "none", Flaw),
+    atomic_sales_beside_fenced_ones_never_overwrite_or_get_overwritten => ("mixed-writers", "atomic", Safe),
 }
 
 #[test]

@@ -1,0 +1,393 @@
+//! Properties that must hold whatever buyers and admins do at the same time: any mix of
+//! strategies, a reset in the middle of a sale, a `HEAD`, a frozen Redis after the write was
+//! sent, an item that was never stocked, slow and idle clients.
+
+use std::time::Duration;
+
+use inventory::lock::Strategy;
+use inventory::store::Keys;
+use redis::AsyncCommands;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::harness::{Cluster, Instance, InstanceBuilder, RedisServer, Reply, Stack};
+
+/// The strategies that take a lock in Redis, or need none: the ones the load test calls SAFE.
+fn safe_strategies() -> Vec<Strategy> {
+    Strategy::ALL
+        .into_iter()
+        .filter(|s| s.info().distributed)
+        .collect()
+}
+
+fn locked_strategies() -> Vec<Strategy> {
+    safe_strategies()
+        .into_iter()
+        .filter(|s| *s != Strategy::Atomic)
+        .collect()
+}
+
+/// The books balance: every 200 is one item gone from the stock, and nothing else is.
+fn assert_books_balance(replies: &[Reply], audit: &Value, what: &str) {
+    let sold = replies.iter().filter(|r| r.status == 200).count() as i64;
+    assert_eq!(audit["clean"], true, "{what}: {audit}");
+    assert_eq!(audit["sales"].as_i64(), Some(sold), "{what}: {audit}");
+    let (initial, remaining) = (audit["initial"].as_i64(), audit["remaining"].as_i64());
+    assert_eq!(
+        initial.zip(remaining).map(|(i, r)| i - r),
+        Some(sold),
+        "{what}: {audit}"
+    );
+    for r in replies.iter().filter(|r| r.status != 200) {
+        assert!(
+            matches!(r.error_code(), "sold_out" | "stock_changed"),
+            "{what}: {} {}",
+            r.status,
+            r.body
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_pair_of_safe_strategies_mixed_on_one_item_never_oversells_or_loses_a_sale() {
+    let cluster = Cluster::start(2, |b| b).await;
+    let strategies = safe_strategies();
+    for (i, a) in strategies.iter().enumerate() {
+        for b in &strategies[i + 1..] {
+            cluster.instances[0].reset(12).await;
+            // Both kinds of buyer on both instances, all at once.
+            let sales = (0..24).map(|n| {
+                let strategy = if n % 2 == 0 { a } else { b };
+                let app = &cluster.instances[(n / 2) % 2];
+                let query = format!("strategy={strategy}&work_ms=5");
+                async move { app.sale(&query).await }
+            });
+            let replies = futures_util::future::join_all(sales).await;
+            let audit = cluster.instances[1].audit().await;
+            assert_books_balance(&replies, &audit, &format!("{a} + {b}"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reset_in_the_middle_of_a_sale_refuses_that_sale_for_every_lock_strategy() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    let lock = Keys::new("001").lock;
+    for strategy in locked_strategies() {
+        app.reset(100).await;
+        let query = format!("strategy={strategy}&work_ms=400");
+        let sale = app.sale(&query);
+        let reset = async {
+            cluster
+                .redis
+                .wait_for_key(&lock, true, Duration::from_secs(5))
+                .await
+                .expect("the sale never took the lock");
+            app.reset(10).await;
+        };
+        let (sale, ()) = tokio::join!(sale, reset);
+        assert_eq!(
+            (sale.status, sale.error_code()),
+            (409, "stock_changed"),
+            "{strategy}: {}",
+            sale.body
+        );
+        let audit = app.audit().await;
+        assert_eq!(
+            (audit["remaining"].as_i64(), audit["sales"].as_i64()),
+            (Some(10), Some(0)),
+            "{strategy}: the sale from before the reset landed after it: {audit}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fencing_tokens_never_go_backwards_and_no_sale_crosses_a_reset_under_load() {
+    let cluster = Cluster::start(2, |b| b).await;
+    cluster.instances[0].reset(1_000).await;
+    let buyers = (0..16).map(|n| {
+        let app = &cluster.instances[n % 2];
+        async move {
+            let mut tokens = Vec::new();
+            for _ in 0..25 {
+                let reply = app.sale("strategy=fenced&work_ms=2").await;
+                if let Some(token) = reply.body["fence"].as_u64() {
+                    tokens.push(token);
+                }
+            }
+            tokens
+        }
+    });
+    let resets = async {
+        for stock in [500, 300, 200] {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            cluster.instances[1].reset(stock).await;
+        }
+    };
+    let (tokens, ()) = tokio::join!(futures_util::future::join_all(buyers), resets);
+    let audit = cluster.instances[0].audit().await;
+    assert_eq!(audit["clean"], true, "a sale crossed a reset: {audit}");
+
+    for (buyer, tokens) in tokens.iter().enumerate() {
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "buyer {buyer} saw its tokens go backwards: {tokens:?}"
+        );
+    }
+    let mut all: Vec<u64> = tokens.into_iter().flatten().collect();
+    let count = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), count, "a fencing token was handed out twice");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn string_and_hash_locks_of_different_strategies_wait_for_each_other() {
+    let cluster = Cluster::start(2, |b| b).await;
+    let lock = Keys::new("001").lock;
+    for (first, second) in [("lua-release", "fenced"), ("fenced", "owner-check")] {
+        cluster.instances[0].reset(10).await;
+        let query = format!("strategy={first}&work_ms=300");
+        let holder = cluster.instances[0].sale(&query);
+        let waiter = async {
+            cluster
+                .redis
+                .wait_for_key(&lock, true, Duration::from_secs(5))
+                .await
+                .expect("the first sale never took the lock");
+            cluster.instances[1]
+                .sale(&format!("strategy={second}"))
+                .await
+        };
+        let (holder, waiter) = tokio::join!(holder, waiter);
+        assert_eq!(holder.status, 200, "{first}: {}", holder.body);
+        assert_eq!(
+            waiter.status, 200,
+            "{second} waiting on {first}: {}",
+            waiter.body
+        );
+        assert!(
+            waiter.body["waited_ms"].as_u64() > Some(0),
+            "{second} did not wait for {first}: {}",
+            waiter.body
+        );
+        assert_eq!(cluster.instances[0].audit().await["clean"], true);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn head_never_sells_on_any_route_directly_or_through_nginx() {
+    let stack = Stack::start(|b| b).await;
+    let app = &stack.cluster.instances[0];
+    app.reset(5).await;
+    let before = stack.cluster.redis.snapshot().await;
+    let document = app.get("/api-docs/openapi.json").await.body;
+    let paths: Vec<String> = document["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert!(paths.contains(&"/inventory/sale".to_owned()), "{paths:?}");
+    let http = reqwest::Client::new();
+    for path in &paths {
+        for strategy in ["fenced", "atomic", "none"] {
+            for base in [app.url(""), stack.nginx.url()] {
+                let url = format!("{base}{path}?strategy={strategy}");
+                let response = http.head(&url).send().await.unwrap();
+                if path == "/inventory/sale" {
+                    assert_eq!(response.status().as_u16(), 405, "HEAD {url}");
+                }
+            }
+        }
+    }
+    let after = stack.cluster.redis.snapshot().await;
+    assert_eq!(before, after, "a HEAD changed what Redis holds");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_sent_to_a_frozen_redis_is_outcome_unknown_and_its_key_learns_the_outcome() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", 300)
+        .start()
+        .await;
+    for (strategy, key) in [("atomic", "frozen-1"), ("lua-release", "frozen-2")] {
+        app.reset(5).await;
+        let query = format!("strategy={strategy}&work_ms=400");
+        let sale = app.sale_with_key(&query, key);
+        let freeze = async {
+            // The claim and the read are done by now; the write comes after the work.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            redis.signal("STOP").await;
+        };
+        let (sale, ()) = tokio::join!(sale, freeze);
+        redis.signal("CONT").await;
+        assert_eq!(
+            (sale.status, sale.error_code()),
+            (504, "outcome_unknown"),
+            "{strategy}: {}",
+            sale.body
+        );
+        assert!(
+            !sale.body["message"].as_str().unwrap().contains("nothing"),
+            "{}",
+            sale.body
+        );
+        // The write was queued in the frozen Redis and runs when it wakes; until it has,
+        // the key says "in progress", never "nothing sold".
+        let retry_query = format!("strategy={strategy}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let retry = loop {
+            let retry = app.sale_with_key(&retry_query, key).await;
+            if retry.error_code() != "in_progress" || tokio::time::Instant::now() > deadline {
+                break retry;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Either the queued write landed (the retry replays it) or it never did (the key
+        // was freed, and the retry sells): one item sold for the key, never two.
+        assert_eq!(retry.status, 200, "{strategy}: {}", retry.body);
+        let audit = app.audit().await;
+        assert_eq!(
+            (audit["sales"].as_i64(), audit["remaining"].as_i64()),
+            (Some(1), Some(4)),
+            "{strategy}: {audit}"
+        );
+        let again = app.sale_with_key(&retry_query, key).await;
+        assert_eq!(again.headers["idempotent-replayed"], "true");
+        assert_eq!(again.body["order_id"], retry.body["order_id"]);
+    }
+}
+
+async fn assert_not_stocked(app: &Instance) {
+    for strategy in Strategy::ALL {
+        let sale = app.sale(&format!("strategy={strategy}")).await;
+        assert_eq!(
+            (sale.status, sale.error_code()),
+            (404, "unknown_item"),
+            "{strategy}: {}",
+            sale.body
+        );
+    }
+    for path in ["/inventory", "/inventory/audit"] {
+        let reply = app.get(path).await;
+        assert_eq!((reply.status, reply.error_code()), (404, "unknown_item"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_without_stock_answers_unknown_item_and_no_write_creates_one() {
+    let mut redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1").start().await;
+    assert_not_stocked(&app).await;
+    let mut c = redis.conn().await;
+    let exists: bool = c.exists(Keys::new("001").stock).await.unwrap();
+    assert!(!exists);
+
+    // Redis restarted without its data: the stock is gone, not zero.
+    app.reset(5).await;
+    redis.stop().await;
+    redis.restart().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while app.get("/ready").await.status != 200 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_not_stocked(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ledger_is_capped_and_the_audit_still_counts_every_sale() {
+    let cluster = Cluster::start(1, |b| b.env("LEDGER_MAX", 5)).await;
+    let app = &cluster.instances[0];
+    app.reset(30).await;
+    for _ in 0..20 {
+        assert_eq!(app.sale("strategy=atomic").await.status, 200);
+    }
+    let audit = app.audit().await;
+    assert_eq!(
+        (audit["sales"].as_i64(), audit["clean"].as_bool()),
+        (Some(20), Some(true))
+    );
+    let mut c = cluster.redis.conn().await;
+    let kept: i64 = redis::cmd("XLEN")
+        .arg(Keys::new("001").ledger)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(kept, 5);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn work_beyond_the_configured_ceiling_is_refused_and_the_document_says_so() {
+    let cluster = Cluster::start(1, |b| b.env("MAX_WORK_MS", 100)).await;
+    let app = &cluster.instances[0];
+    app.reset(5).await;
+    let refused = app.sale("work_ms=101").await;
+    assert_eq!(refused.status, 400);
+    assert!(
+        refused.body["message"].as_str().unwrap().contains("100"),
+        "{}",
+        refused.body
+    );
+    assert_eq!(app.sale("work_ms=100").await.status, 200);
+    let document = app.get("/api-docs/openapi.json").await.body;
+    let parameters = document["paths"]["/inventory/sale"]["post"]["parameters"]
+        .as_array()
+        .unwrap();
+    let work = parameters.iter().find(|p| p["name"] == "work_ms").unwrap();
+    assert_eq!(work["schema"]["maximum"], 100);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_method_gets_a_json_405() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    let http = reqwest::Client::new();
+    for (method, path) in [
+        (reqwest::Method::DELETE, "/inventory"),
+        (reqwest::Method::PATCH, "/inventory/sale"),
+        (reqwest::Method::POST, "/health"),
+    ] {
+        let reply = app.send(http.request(method.clone(), app.url(path))).await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (405, "method_not_allowed"),
+            "{method} {path}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_drops_clients_that_never_finish_their_headers_or_sit_idle() {
+    let cluster = Cluster::start(1, |b| {
+        b.env("HEADER_TIMEOUT_MS", 300).env("MAX_CONNECTIONS", 2)
+    })
+    .await;
+    let app = &cluster.instances[0];
+    let addr = format!("127.0.0.1:{}", app.port);
+
+    // Half a request, then nothing: dropped.
+    let mut slow = TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut idle = TcpStream::connect(&addr).await.unwrap();
+    // Both connections are taken: a third client waits in the backlog.
+    let waiting = reqwest::Client::new()
+        .get(app.url("/health"))
+        .timeout(Duration::from_millis(150))
+        .send()
+        .await;
+    assert!(waiting.is_err(), "served past MAX_CONNECTIONS: {waiting:?}");
+
+    for (what, stream) in [("slow", &mut slow), ("idle", &mut idle)] {
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "the {what} client was never dropped");
+    }
+    // Their slots are free again.
+    assert_eq!(app.get("/health").await.status, 200);
+}
