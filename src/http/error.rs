@@ -201,22 +201,43 @@ fn unreachable_redis() -> (StatusCode, &'static str, String) {
     )
 }
 
+/// What went wrong behind an error response, for the log only: the client gets the generic
+/// body. Carried in the response's extensions to [`log_failures`].
+#[derive(Debug, Clone)]
+pub struct Failure(pub String);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code, message) = self.parts();
-        match &self {
+        let failure = match &self {
             ApiError::Redis(e)
             | ApiError::Sale(SaleError::Redis(e))
-            | ApiError::Sale(SaleError::OutcomeUnknown(e)) => {
-                tracing::warn!(error = %e, status = status.as_u16(), "redis call failed");
-            }
-            ApiError::Internal(detail) => tracing::error!(%detail, "internal error"),
-            _ => {}
-        }
+            | ApiError::Sale(SaleError::OutcomeUnknown(e)) => Some(format!("redis: {e}")),
+            ApiError::Internal(detail) => Some(detail.clone()),
+            _ => None,
+        };
         let body = ErrorBody {
             error: code.to_owned(),
             message,
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if let Some(failure) = failure {
+            response.extensions_mut().insert(Failure(failure));
+        }
+        response
     }
+}
+
+/// Logs the failures behind error responses, once, inside the request's span: a 5xx is an
+/// error, anything else a warning.
+pub async fn log_failures(response: Response) -> Response {
+    if let Some(Failure(detail)) = response.extensions().get::<Failure>() {
+        let status = response.status().as_u16();
+        if response.status().is_server_error() && status != 503 && status != 504 {
+            tracing::error!(%detail, status, "request failed");
+        } else {
+            tracing::warn!(%detail, status, "request failed");
+        }
+    }
+    response
 }

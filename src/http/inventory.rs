@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::{IntoParams, IntoResponses, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -101,19 +101,7 @@ impl SaleQuery {
     path = "/inventory/sale",
     tag = TAG_SALE,
     params(SaleQuery, SaleHeaders),
-    responses(
-        (status = 200, description = "One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)", body = Sold),
-        (status = 400, description = "Unknown strategy, `work_ms` out of range or a malformed `Idempotency-Key`; the message names the valid values", body = ErrorBody,
-            example = json!({"error": "bad_request", "message": "unknown strategy \"v9\"; valid: none, local, setnx, ..."})),
-        (status = 404, description = "Nothing sold: the item has no stock in Redis (`unknown_item`: never stocked, or Redis lost its data)", body = ErrorBody),
-        (status = 409, description = "Nothing sold: `sold_out`; the lock was lost before the write (`lock_lost`, `stale_fence`); a writer that takes no lock (an `atomic` sale, a reset) changed the stock during the sale (`stock_changed`); or an attempt with the same `Idempotency-Key` is still running or its outcome is not known yet (`in_progress`)", body = ErrorBody,
-            example = json!({"error": "stale_fence", "message": "fencing token 7 is older than 8, already seen by the store; nothing was sold"})),
-        (status = 503, description = "Nothing sold, for certain: the lock stayed held for the whole wait budget (`lock_timeout`), Redis did not answer before the write was sent (`redis_unavailable`), or Redis refused the service's credentials (`redis_auth_failed`)", body = ErrorBody,
-            example = json!({"error": "lock_timeout", "message": "the lock stayed held for 10000 ms, the whole wait budget"})),
-        (status = 504, description = "Outcome unknown (`outcome_unknown`): the write was sent to Redis and never confirmed, so the item may have been sold. Retry with the same `Idempotency-Key` to learn the outcome; without one, a retry may buy a second item", body = ErrorBody,
-            example = json!({"error": "outcome_unknown", "message": "the sale's write was sent to Redis but never confirmed: it may have sold"})),
-        (status = 500, description = "Unexpected failure; details are in the service log", body = ErrorBody),
-    )
+    responses(SaleResponses)
 )]
 async fn sale(
     State(app): State<Arc<AppState>>,
@@ -139,6 +127,48 @@ async fn sale(
 }
 
 const REPLAYED: &str = "idempotent-replayed";
+
+/// What a sale can answer, documented once for `POST` and `GET`. Never built: the handlers
+/// answer through `Sold` and `ApiError`, whose statuses `http::error` decides.
+#[derive(IntoResponses)]
+#[allow(dead_code)]
+enum SaleResponses {
+    /// One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)
+    #[response(status = 200)]
+    Sold(#[to_schema] Sold),
+    /// Unknown strategy, `work_ms` out of range or a malformed `Idempotency-Key`; the
+    /// message names the valid values
+    #[response(status = 400, example = json!({"error": "bad_request",
+        "message": "unknown strategy \"v9\"; valid: none, local, setnx, ..."}))]
+    BadRequest(ErrorBody),
+    /// Nothing sold: the item has no stock in Redis (`unknown_item`: never stocked, or Redis
+    /// lost its data)
+    #[response(status = 404, example = json!({"error": "unknown_item",
+        "message": "the item has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory"}))]
+    UnknownItem(ErrorBody),
+    /// Nothing sold: `sold_out`; the lock was lost before the write (`lock_lost`,
+    /// `stale_fence`); a writer that takes no lock (an `atomic` sale, a reset) changed the
+    /// stock during the sale (`stock_changed`); or an attempt with the same
+    /// `Idempotency-Key` is still running or its outcome is not known yet (`in_progress`)
+    #[response(status = 409, example = json!({"error": "stale_fence",
+        "message": "fencing token 7 is older than 8, already seen by the store; nothing was sold"}))]
+    Conflict(ErrorBody),
+    /// Nothing sold, for certain: the lock stayed held for the whole wait budget
+    /// (`lock_timeout`), Redis did not answer before the write was sent
+    /// (`redis_unavailable`), or Redis refused the service's credentials (`redis_auth_failed`)
+    #[response(status = 503, example = json!({"error": "lock_timeout",
+        "message": "the lock stayed held for 10000 ms, the whole wait budget"}))]
+    Unavailable(ErrorBody),
+    /// Outcome unknown (`outcome_unknown`): the write was sent to Redis and never confirmed,
+    /// so the item may have been sold. Retry with the same `Idempotency-Key` to learn the
+    /// outcome; without one, a retry may buy a second item
+    #[response(status = 504, example = json!({"error": "outcome_unknown",
+        "message": "the sale's write was sent to Redis but never confirmed: it may have sold"}))]
+    OutcomeUnknown(ErrorBody),
+    /// Unexpected failure; details are in the service log
+    #[response(status = 500)]
+    Internal(ErrorBody),
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for SaleHeaders {
     type Rejection = ApiError;
@@ -169,14 +199,8 @@ impl<S: Send + Sync> FromRequestParts<S> for SaleHeaders {
     tag = TAG_SALE,
     params(SaleQuery, SaleHeaders),
     responses(
-        (status = 200, description = "One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)", body = Sold),
-        (status = 400, description = "Unknown strategy, `work_ms` out of range or a malformed `Idempotency-Key`; the message names the valid values", body = ErrorBody),
-        (status = 404, description = "Nothing sold: `unknown_item`", body = ErrorBody),
+        SaleResponses,
         (status = 405, description = "`HEAD` never sells: nothing sold", body = ErrorBody),
-        (status = 409, description = "Nothing sold: `sold_out`, `lock_lost`, `stale_fence`, `stock_changed` or `in_progress`", body = ErrorBody),
-        (status = 503, description = "Nothing sold, for certain: `lock_timeout`, `redis_unavailable` or `redis_auth_failed`", body = ErrorBody),
-        (status = 504, description = "Outcome unknown (`outcome_unknown`): the write may have landed; retry with the same `Idempotency-Key` to learn it", body = ErrorBody),
-        (status = 500, description = "Unexpected failure; details are in the service log", body = ErrorBody),
     )
 )]
 async fn sale_get(

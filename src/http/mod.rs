@@ -123,6 +123,7 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(Arc::new(state))
+        .layer(axum::middleware::map_response(error::log_failures))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(
             // Outermost first: take nginx's X-Request-Id (or make one), open a span that
