@@ -178,12 +178,7 @@ fn parse_strategy(name: &str) -> Result<Strategy, String> {
 }
 
 pub fn parse_item_id(id: &str) -> Result<String, String> {
-    let valid = !id.is_empty()
-        && id.len() <= 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if valid {
+    if crate::names::is_token(id, 32, b"-_") {
         Ok(id.to_owned())
     } else {
         Err(format!(

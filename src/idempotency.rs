@@ -13,8 +13,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::sale::Sold;
-
 /// How long the outcome of a sale stays replayable, unless configured otherwise.
 pub const DEFAULT_KEEP: Duration = Duration::from_secs(24 * 60 * 60);
 /// The pending marker outlives the attempt's own bounds (its wait budget and work) by this
@@ -25,18 +23,56 @@ pub const MAX_KEY_LEN: usize = 128;
 pub const INVALID_KEY: &str =
     "Idempotency-Key must be 1 to 128 letters, digits, '-', '_', '.' or ':'";
 
-/// Keys become part of a Redis key name: a strict alphabet keeps them harmless.
-pub fn validate(key: &str) -> Result<(), &'static str> {
-    let valid = !key.is_empty()
-        && key.len() <= MAX_KEY_LEN
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
-    if valid { Ok(()) } else { Err(INVALID_KEY) }
+/// An `Idempotency-Key` as a client sent it, checked: it becomes part of a Redis key name,
+/// and a strict alphabet keeps it harmless there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key(String);
+
+impl TryFrom<&str> for Key {
+    type Error = &'static str;
+
+    fn try_from(key: &str) -> Result<Self, Self::Error> {
+        if crate::names::is_token(key, MAX_KEY_LEN, b"-_.:") {
+            Ok(Self(key.to_owned()))
+        } else {
+            Err(INVALID_KEY)
+        }
+    }
 }
 
-pub fn pending_marker(order_id: &str) -> String {
-    format!("pending:{order_id}")
+impl Key {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A sale's hold on an idempotency key: the key holds `marker` while the sale runs, and
+/// the sale's outcome for `keep` afterwards.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The Redis key.
+    pub key: String,
+    pub marker: String,
+    pub keep: Duration,
+}
+
+impl Claim {
+    pub fn new(redis_key: String, order_id: &str, keep: Duration) -> Self {
+        Self {
+            key: redis_key,
+            marker: format!("pending:{order_id}"),
+            keep,
+        }
+    }
+}
+
+/// What to do after trying to claim a key.
+#[derive(Debug)]
+pub enum Next {
+    /// The key is this attempt's: sell.
+    Proceed(Claim),
+    /// An earlier attempt left this: answer with it, sell nothing.
+    Replay(Prior),
 }
 
 /// What the kept value for `sold_out` is.
@@ -45,18 +81,19 @@ pub const SOLD_OUT: &str = "sold_out";
 /// What an earlier attempt with the same key left.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prior {
-    Sold(Sold),
+    Sold(SoldEntry),
     SoldOut,
     InProgress,
 }
 
-#[derive(Deserialize)]
-struct LedgerEntry {
-    order_id: String,
-    instance: String,
-    strategy: String,
-    remaining: i64,
-    fence: Option<u64>,
+/// The ledger entry of the sale an earlier attempt made.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct SoldEntry {
+    pub order_id: String,
+    pub instance: String,
+    pub strategy: String,
+    pub remaining: i64,
+    pub fence: Option<u64>,
 }
 
 /// Reads what the key holds: `pending:<order id>`, `sold:<ledger entry>` or `sold_out`.
@@ -66,17 +103,9 @@ pub fn parse(value: &str) -> Prior {
     }
     let entry = value
         .strip_prefix("sold:")
-        .and_then(|json| serde_json::from_str::<LedgerEntry>(json).ok());
+        .and_then(|json| serde_json::from_str::<SoldEntry>(json).ok());
     match entry {
-        Some(e) => Prior::Sold(Sold {
-            sold: true,
-            remaining: e.remaining,
-            instance: e.instance,
-            strategy: e.strategy,
-            order_id: e.order_id,
-            fence: e.fence,
-            waited_ms: 0,
-        }),
+        Some(entry) => Prior::Sold(entry),
         // A pending marker, or a value this version does not know: never sell again on it.
         None => Prior::InProgress,
     }
@@ -88,10 +117,10 @@ mod tests {
 
     #[test]
     fn keys_outside_the_alphabet_are_refused() {
-        assert!(validate("0f8c2a9e-3b1d-4a52-9c7e-2d1f0b6a8e41").is_ok());
-        assert!(validate("order:42.retry_1").is_ok());
+        assert!(Key::try_from("0f8c2a9e-3b1d-4a52-9c7e-2d1f0b6a8e41").is_ok());
+        assert!(Key::try_from("order:42.retry_1").is_ok());
         for bad in ["", "a b", "a{b}", "a\nb", "ключ", &"k".repeat(129)] {
-            assert!(validate(bad).is_err(), "{bad:?}");
+            assert!(Key::try_from(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -14,7 +14,9 @@
 //! - [`lock`]: one file per strategy, in history order, and what they share: waiting
 //!   for a held lock ([`lock::wait`]) and renewing a lease ([`lock::renewal`]).
 //! - [`sale`]: the one sale flow: lock, read, work, write, release.
-//! - [`idempotency`]: `Idempotency-Key`, so that a retried sale never sells twice.
+//! - [`idempotency`]: `Idempotency-Key` (its key type, its claim, what a retry finds), so
+//!   that a retried sale never sells twice.
+//! - [`names`]: what a client may put into a Redis key name.
 //! - [`metrics`]: Prometheus counters and histograms.
 //! - [`http`]: routes, OpenAPI and Swagger UI, and the mapping of outcomes to statuses.
 //! - [`server`]: wiring and graceful shutdown, for `main` and for tests.
@@ -24,6 +26,7 @@ pub mod http;
 pub mod idempotency;
 pub mod lock;
 pub mod metrics;
+pub mod names;
 pub mod sale;
 pub mod server;
 pub mod store;

@@ -11,9 +11,10 @@ use tokio::time::Instant;
 use utoipa::ToSchema;
 
 use crate::idempotency;
+use crate::idempotency::{Claim, Next, Prior, SoldEntry};
 use crate::lock::{Guard, LockError, Locks, Strategy, atomic_sell};
 use crate::metrics::Outcome;
-use crate::store::{Claim, Entry, Recorded, StockRead, Store};
+use crate::store::{Entry, Recorded, StockRead, Store};
 
 /// The hard ceiling of simulated business time; the configured one (`MAX_WORK_MS`) is
 /// usually far lower.
@@ -48,6 +49,21 @@ pub struct Sold {
     pub fence: Option<u64>,
     /// Time spent waiting for the lock, in milliseconds.
     pub waited_ms: u64,
+}
+
+impl From<SoldEntry> for Sold {
+    /// A replayed sale: what its ledger entry says (it waited for no lock this time).
+    fn from(e: SoldEntry) -> Self {
+        Sold {
+            sold: true,
+            remaining: e.remaining,
+            instance: e.instance,
+            strategy: e.strategy,
+            order_id: e.order_id,
+            fence: e.fence,
+            waited_ms: 0,
+        }
+    }
 }
 
 /// Why no sale was made. Nothing was written in any of these cases, except possibly under
@@ -157,14 +173,14 @@ impl Seller {
     pub async fn sell(
         &self,
         request: SaleRequest,
-        idempotency_key: Option<&str>,
+        idempotency_key: Option<&idempotency::Key>,
     ) -> Result<Completed, SaleError> {
         let order_id = uuid::Uuid::new_v4().to_string();
         let claim = match idempotency_key {
             None => None,
             Some(key) => match self.claim(key, &order_id, request).await? {
-                Ok(claim) => Some(claim),
-                Err(prior) => return self.replay(request.strategy, prior),
+                Next::Proceed(claim) => Some(claim),
+                Next::Replay(prior) => return self.replay(request.strategy, prior),
             },
         };
         let attempt = SaleAttempt {
@@ -196,36 +212,26 @@ impl Seller {
     /// Claims the key for this attempt, or returns what an earlier attempt left there.
     async fn claim(
         &self,
-        key: &str,
+        key: &idempotency::Key,
         order_id: &str,
         request: SaleRequest,
-    ) -> Result<Result<Claim, idempotency::Prior>, SaleError> {
-        let claim = Claim {
-            key: self.store.keys.idempotency(key),
-            marker: idempotency::pending_marker(order_id),
-            keep: self.idempotency_keep,
-        };
+    ) -> Result<Next, SaleError> {
+        let redis_key = self.store.keys.idempotency(key.as_str());
+        let claim = Claim::new(redis_key, order_id, self.idempotency_keep);
         let pending_for = self.wait_budget + request.work + idempotency::PENDING_MARGIN;
-        Ok(match self.store.claim(&claim, pending_for).await? {
-            None => Ok(claim),
-            Some(prior) => Err(idempotency::parse(&prior)),
-        })
+        Ok(self.store.claim(claim, pending_for).await?)
     }
 
-    fn replay(
-        &self,
-        strategy: Strategy,
-        prior: idempotency::Prior,
-    ) -> Result<Completed, SaleError> {
+    fn replay(&self, strategy: Strategy, prior: Prior) -> Result<Completed, SaleError> {
         let outcome = match prior {
-            idempotency::Prior::Sold(sold) => {
+            Prior::Sold(entry) => {
                 return Ok(Completed {
-                    sold,
+                    sold: entry.into(),
                     replayed: true,
                 });
             }
-            idempotency::Prior::SoldOut => SaleError::SoldOut,
-            idempotency::Prior::InProgress => SaleError::InProgress,
+            Prior::SoldOut => SaleError::SoldOut,
+            Prior::InProgress => SaleError::InProgress,
         };
         self.store.metrics().sale(strategy, outcome.outcome());
         Err(outcome)

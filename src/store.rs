@@ -10,6 +10,7 @@ use redis::{AsyncCommands, Client, RedisError, RedisResult, Script};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::idempotency::{self, Claim, Next};
 use crate::metrics::Metrics;
 
 /// One `Script` per file in `lua/`: hashed once, then run by `EVALSHA` (loaded on first
@@ -171,15 +172,6 @@ impl Entry<'_> {
     fn claim_keep_ms(&self) -> u64 {
         self.claim.map_or(0, |c| c.keep.as_millis() as u64)
     }
-}
-
-/// A sale's hold on an idempotency key: the key holds `marker` while the sale runs, and
-/// the sale's outcome for `keep` afterwards.
-#[derive(Debug, Clone)]
-pub struct Claim {
-    pub key: String,
-    pub marker: String,
-    pub keep: Duration,
 }
 
 /// What a sale's write did. Nothing was written in any case but `Written`.
@@ -369,21 +361,27 @@ impl Store {
         })
     }
 
-    /// Claims an idempotency key for a sale with one `SET NX GET`: `None` when claimed,
-    /// otherwise what the key already holds.
-    pub async fn claim(&self, claim: &Claim, pending_for: Duration) -> RedisResult<Option<String>> {
-        self.call(|mut c| async move {
-            redis::cmd("SET")
-                .arg(&claim.key)
-                .arg(&claim.marker)
-                .arg("NX")
-                .arg("GET")
-                .arg("PX")
-                .arg(pending_for.as_millis().max(1) as u64)
-                .query_async(&mut c)
-                .await
+    /// Claims an idempotency key for a sale with one `SET NX GET`: the claim when it is
+    /// this attempt's, otherwise what an earlier attempt left.
+    pub async fn claim(&self, claim: Claim, pending_for: Duration) -> RedisResult<Next> {
+        let claim_ref = &claim;
+        let prior: Option<String> = self
+            .call(|mut c| async move {
+                redis::cmd("SET")
+                    .arg(&claim_ref.key)
+                    .arg(&claim_ref.marker)
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PX")
+                    .arg(pending_for.as_millis().max(1) as u64)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(match prior {
+            None => Next::Proceed(claim),
+            Some(prior) => Next::Replay(idempotency::parse(&prior)),
         })
-        .await
     }
 
     /// Ends a claim that did not sell: keeps `outcome` for replays, or frees the key.

@@ -59,10 +59,11 @@ pub struct SaleHeaders {
     /// `IDEMPOTENCY_TTL_S` (default 24 h).
     #[param(
         rename = "Idempotency-Key",
+        value_type = Option<String>,
         pattern = "^[A-Za-z0-9._:-]{1,128}$",
         example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"
     )]
-    pub idempotency_key: Option<String>,
+    pub idempotency_key: Option<idempotency::Key>,
 }
 
 fn strategy_schema() -> ObjectBuilder {
@@ -113,7 +114,7 @@ async fn sale(
     // The sale runs in its own task: a client that hangs up must not abandon it half-way,
     // between taking the lock and releasing it. The task keeps the request's span, and so
     // its request id.
-    let sale = async move { app.seller.sell(request, key.as_deref()).await };
+    let sale = async move { app.seller.sell(request, key.as_ref()).await };
     let completed = tokio::spawn(sale.instrument(tracing::Span::current()))
         .await
         .map_err(|e| ApiError::Internal(format!("sale task failed: {e}")))??;
@@ -181,9 +182,9 @@ impl<S: Send + Sync> FromRequestParts<S> for SaleHeaders {
         };
         let invalid = || ApiError::BadRequest(idempotency::INVALID_KEY.to_owned());
         let key = value.to_str().map_err(|_| invalid())?;
-        idempotency::validate(key).map_err(|_| invalid())?;
+        let key = idempotency::Key::try_from(key).map_err(|_| invalid())?;
         Ok(Self {
-            idempotency_key: Some(key.to_owned()),
+            idempotency_key: Some(key),
         })
     }
 }

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use inventory::idempotency::{Claim, Next};
 use inventory::metrics::Metrics;
-use inventory::store::{Claim, Entry, Keys, Recorded, StockRead, Store, scripts};
+use inventory::store::{Entry, Keys, Recorded, StockRead, Store, scripts};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
@@ -444,8 +445,8 @@ async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_wi
     };
 
     assert_eq!(sell(&mine).await, Recorded::ClaimLost, "no claim, no sale");
-    let prior = store.claim(&mine, Duration::from_secs(5)).await.unwrap();
-    assert_eq!(prior, None, "claimed");
+    let next = store.claim(mine.clone(), Duration::from_secs(5)).await;
+    assert!(matches!(next, Ok(Next::Proceed(_))), "claimed: {next:?}");
     assert_eq!(
         sell(&theirs).await,
         Recorded::ClaimLost,
