@@ -70,21 +70,30 @@ async fn every_pair_of_safe_strategies_mixed_on_one_item_never_oversells_or_lose
     }
 }
 
+/// Waits until `app` logs one more `stock read` than `before`: the sale has read the stock.
+async fn until_stock_read(app: &Instance, before: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while app.log().matches("stock read").count() <= before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sale never read the stock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reset_in_the_middle_of_a_sale_refuses_that_sale_for_every_lock_strategy() {
     let cluster = Cluster::start(1, |b| b).await;
     let app = &cluster.instances[0];
-    let lock = Keys::new("001").lock;
     for strategy in locked_strategies() {
         app.reset(100).await;
+        let reads = app.log().matches("stock read").count();
         let query = format!("strategy={strategy}&work_ms=400");
         let sale = app.sale(&query);
+        // The reset lands after the sale read the stock and before it writes.
         let reset = async {
-            cluster
-                .redis
-                .wait_for_key(&lock, true, Duration::from_secs(5))
-                .await
-                .expect("the sale never took the lock");
+            until_stock_read(app, reads).await;
             app.reset(10).await;
         };
         let (sale, ()) = tokio::join!(sale, reset);
@@ -218,9 +227,18 @@ async fn a_write_sent_to_a_frozen_redis_is_outcome_unknown_and_its_key_learns_th
         app.reset(5).await;
         let query = format!("strategy={strategy}&work_ms=400");
         let sale = app.sale_with_key(&query, key);
+        let reads = app.log().matches("stock read").count();
         let freeze = async {
-            // The claim and the read are done by now; the write comes after the work.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Freeze once the claim is taken (and a locked sale has read the stock): the
+            // next call is the write, sent into the frozen server.
+            let claim = Keys::new("001").idempotency(key);
+            redis
+                .wait_for_key(&claim, true, Duration::from_secs(5))
+                .await
+                .expect("the sale never claimed its key");
+            if strategy != "atomic" {
+                until_stock_read(&app, reads).await;
+            }
             redis.signal("STOP").await;
         };
         let (sale, ()) = tokio::join!(sale, freeze);
@@ -363,7 +381,7 @@ async fn a_wrong_method_gets_a_json_405() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_instance_drops_clients_that_never_finish_their_headers_or_sit_idle() {
     let cluster = Cluster::start(1, |b| {
-        b.env("HEADER_TIMEOUT_MS", 300).env("MAX_CONNECTIONS", 2)
+        b.env("HEADER_TIMEOUT_MS", 1_000).env("MAX_CONNECTIONS", 2)
     })
     .await;
     let app = &cluster.instances[0];
