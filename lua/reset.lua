@@ -1,7 +1,9 @@
 -- Start the item afresh: new stock, empty ledger and audit counters, no lock.
 -- The fencing counter and the newest token seen are kept: a token must never go backwards,
 -- or a sale that drew one before the reset could pass the fence after it. A sale in flight
--- read the stock before the reset; bumping the lock-free write count refuses its write.
+-- read the stock before the reset; moving the lock-free write count refuses its write. It
+-- is set to the server's clock in microseconds rather than incremented, so that it moves
+-- past any value a sale may hold even after Redis lost its data and the count restarted.
 -- KEYS[1]: the stock key
 -- KEYS[2]: the initial-stock key
 -- KEYS[3]: the ledger
@@ -16,6 +18,13 @@
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
-redis.call('INCR', KEYS[8])
+local now = redis.call('TIME')
+local count = tonumber(redis.call('GET', KEYS[8]) or '0')
+local clock = now[1] .. string.format('%06d', tonumber(now[2]))
+if tonumber(clock) > count then
+  redis.call('SET', KEYS[8], clock)
+else
+  redis.call('INCR', KEYS[8])
+end
 redis.call('PUBLISH', ARGV[2], 'reset')
 return tonumber(ARGV[1])

@@ -11,11 +11,13 @@
 -- KEYS[1]: the stock key
 -- KEYS[2]: the ledger (a stream of at most ARGV[7] entries)
 -- KEYS[3]: the number of sales since the last reset
--- KEYS[4]: a bitmap of the remaining-stock values already sold
+-- KEYS[4]: a bitmap of the remaining-stock values already sold, bit (initial - 1 - value),
+--          so that it grows with the sales made, not with the size of the stock
 -- KEYS[5]: remaining-stock value -> times sold, for values sold more than once
 -- KEYS[6]: the newest fencing token the store has seen
 -- KEYS[7]: the count of lock-free writes (atomic sales and resets), never reset
 -- KEYS[8]: the sale's idempotency key (untouched when ARGV[5] is '')
+-- KEYS[9]: the initial stock (the bitmap counts down from it)
 -- ARGV[1]: mode, 'locked' or 'atomic'
 -- ARGV[2]: order id
 -- ARGV[3]: instance name
@@ -69,7 +71,8 @@ redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[7], '*', 'sale', entry)
 redis.call('INCR', KEYS[3])
 -- One bit per remaining value: a value sold twice is the tutorial's "76 sold twice".
 -- Only values sold more than once go into the hash, so the audit reads O(duplicates).
-if remaining < 0 or redis.call('SETBIT', KEYS[4], remaining, 1) == 1 then
+local bit = tonumber(redis.call('GET', KEYS[9]) or '0') - 1 - remaining
+if bit < 0 or remaining < 0 or redis.call('SETBIT', KEYS[4], bit, 1) == 1 then
   if redis.call('HEXISTS', KEYS[5], remaining) == 1 then
     redis.call('HINCRBY', KEYS[5], remaining, 1)
   else

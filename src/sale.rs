@@ -219,7 +219,16 @@ impl Seller {
         let redis_key = self.store.keys.idempotency(key.as_str());
         let claim = Claim::new(redis_key, order_id, self.idempotency_keep);
         let pending_for = self.wait_budget + request.work + idempotency::PENDING_MARGIN;
-        Ok(self.store.claim(claim, pending_for).await?)
+        match self.store.claim(claim.clone(), pending_for).await {
+            Ok(next) => Ok(next),
+            Err(e) => {
+                // The claim may sit queued in a Redis that stopped answering, and would then
+                // answer every retry "in progress" until it expires. Nothing was sold under
+                // it, so it is freed as soon as Redis answers again.
+                self.resolve_unknown(&claim);
+                Err(e.into())
+            }
+        }
     }
 
     fn replay(&self, strategy: Strategy, prior: Prior) -> Result<Completed, SaleError> {
@@ -257,8 +266,8 @@ impl Seller {
         }
     }
 
-    /// After a write whose answer never came, frees the claim as soon as Redis answers
-    /// again. Safe whichever lands first: the write checks the claim before it writes, so
+    /// After a claim or a write whose answer never came, frees the claim as soon as Redis
+    /// answers again. Safe whichever lands first: the write checks the claim before it writes, so
     /// once the claim is freed a late write is refused; and a write that landed first has
     /// replaced the claim with its sale, which the settle leaves alone. Either way the key
     /// soon tells a retry the truth, instead of "in progress" until the claim expires.

@@ -48,6 +48,7 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
         default_strategy: config.lock_strategy,
         admin_token: config.admin_token.clone(),
         max_work: config.max_work(),
+        body_timeout: config.header_timeout(),
     };
     http::app(state, &instance)
 }

@@ -337,6 +337,7 @@ impl Store {
             .key(&k.fence_seen)
             .key(&k.lockfree_writes)
             .key(entry.claim_key(k))
+            .key(&k.initial)
             .arg(mode)
             .arg(entry.order_id)
             .arg(entry.instance)

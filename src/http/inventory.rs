@@ -211,7 +211,12 @@ async fn sale_get(
     query: ApiQuery<SaleQuery>,
 ) -> Result<Response, ApiError> {
     if method == Method::HEAD {
-        return Err(ApiError::MethodNotAllowed);
+        let mut refused = ApiError::MethodNotAllowed.into_response();
+        refused.headers_mut().insert(
+            axum::http::header::ALLOW,
+            HeaderValue::from_static("GET, POST"),
+        );
+        return Ok(refused);
     }
     sale(state, headers, query).await
 }

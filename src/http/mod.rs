@@ -15,6 +15,7 @@ use axum::http::{HeaderName, HeaderValue};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -40,6 +41,9 @@ pub struct AppState {
     pub admin_token: Option<String>,
     /// Longest `work_ms` a sale may ask for.
     pub max_work: std::time::Duration,
+    /// How long a client may take to send a request's body once its headers are in (the
+    /// server bounds the headers themselves).
+    pub body_timeout: std::time::Duration,
 }
 
 #[derive(OpenApi)]
@@ -118,6 +122,7 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
         .map_err(|_| anyhow::anyhow!("instance name {instance:?} cannot be sent in a header"))?;
     let (router, mut api) = api_router().split_for_parts();
     set_max_work(&mut api, state.max_work.as_millis() as u64);
+    let body_timeout = RequestBodyTimeoutLayer::new(state.body_timeout);
     Ok(router
         .merge(SwaggerUi::new("/swagger-ui").url("/api-docs/openapi.json", api))
         .fallback(|| async { ApiError::NotFound })
@@ -125,6 +130,7 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
         .with_state(Arc::new(state))
         .layer(axum::middleware::map_response(error::log_failures))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(body_timeout)
         .layer(
             // Outermost first: take nginx's X-Request-Id (or make one), open a span that
             // carries it into every log line of the request, and send it back.

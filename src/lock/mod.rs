@@ -402,15 +402,19 @@ impl Locks {
 
     /// An acquire that Redis did not answer in time may still run once Redis wakes up, and
     /// would then hold the lock for a sale that gave up. A release sent right behind it, on
-    /// the same connection, runs after it and undoes it. Only for releases that check the
-    /// owner atomically: for the others a stray release could delete someone else's lock.
+    /// the same connection, runs after it and undoes it. The naive strategies' own releases
+    /// delete blindly (a stray one could delete someone else's lock), so their acquires are
+    /// undone with `lua-release`'s compare-and-delete of the same string key, which can only
+    /// remove this very owner's lock.
     fn undo_unanswered_acquire(&self, lock: RedisLock, owner: &str) {
-        if !lock.release_checks_owner() {
-            return;
-        }
+        let undo = if lock.release_checks_owner() {
+            lock
+        } else {
+            RedisLock::LuaRelease
+        };
         let (cx, owner) = (self.cx.clone(), owner.to_owned());
         tokio::spawn(async move {
-            if let Err(e) = release_redis(&cx, lock, &owner).await {
+            if let Err(e) = release_redis(&cx, undo, &owner).await {
                 tracing::debug!(%owner, error = %e, "undoing an unanswered acquire failed; the lease ends it");
             }
         });

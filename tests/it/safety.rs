@@ -208,6 +208,7 @@ async fn head_never_sells_on_any_route_directly_or_through_nginx() {
                 let response = http.head(&url).send().await.unwrap();
                 if path == "/inventory/sale" {
                     assert_eq!(response.status().as_u16(), 405, "HEAD {url}");
+                    assert_eq!(response.headers()["allow"], "GET, POST", "HEAD {url}");
                 }
             }
         }
@@ -408,4 +409,112 @@ async fn an_instance_drops_clients_that_never_finish_their_headers_or_sit_idle()
     }
     // Their slots are free again.
     assert_eq!(app.get("/health").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_write_from_before_a_loss_of_redis_data_lands_after_the_restock() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    let mut c = cluster.redis.conn().await;
+    app.reset(100).await;
+
+    let reads = app.log().matches("stock read").count();
+    let sale = app.sale("strategy=lua-release&work_ms=400");
+    let lose_everything = async {
+        until_stock_read(app, reads).await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        app.reset(10).await;
+    };
+    let (sale, ()) = tokio::join!(sale, lose_everything);
+    assert_eq!(
+        (sale.status, sale.error_code()),
+        (409, "stock_changed"),
+        "{}",
+        sale.body
+    );
+    assert_eq!(app.audit().await["remaining"], 10);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_audit_of_the_largest_stock_costs_bytes_not_megabytes() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(1_000_000_000).await;
+    for strategy in ["atomic", "fenced"] {
+        assert_eq!(app.sale(&format!("strategy={strategy}")).await.status, 200);
+    }
+    let mut c = cluster.redis.conn().await;
+    let bytes: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(Keys::new("001").sold)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(bytes < 1_024, "two sales cost the audit {bytes} bytes");
+    assert_eq!(app.audit().await["clean"], true);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_or_an_acquire_queued_in_a_frozen_redis_does_not_outlive_it() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", 300)
+        .start()
+        .await;
+    app.reset(10).await;
+    for strategy in ["setnx", "owner-check", "fenced"] {
+        let key = format!("frozen-claim-{strategy}");
+        let query = format!("strategy={strategy}");
+        redis.signal("STOP").await;
+        let sale = app.sale_with_key(&query, &key).await;
+        redis.signal("CONT").await;
+        assert_eq!(sale.status, 503, "{strategy}: {}", sale.body);
+        // The queued claim is freed and no lock is left behind: a retry soon sells.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        let retry = loop {
+            let retry = app.sale_with_key(&query, &key).await;
+            if retry.status == 200 || tokio::time::Instant::now() > deadline {
+                break retry;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(retry.status, 200, "{strategy}: {}", retry.body);
+    }
+    // The naive strategies' acquires sent into the frozen Redis were undone too.
+    redis.signal("STOP").await;
+    let sale = app.sale("strategy=setnx").await;
+    redis.signal("CONT").await;
+    assert_eq!(sale.status, 503);
+    let gone = redis
+        .wait_for_key(&Keys::new("001").lock, false, Duration::from_secs(3))
+        .await;
+    assert!(
+        gone.is_some(),
+        "setnx's unanswered acquire left a lock forever"
+    );
+    assert_eq!(app.audit().await["clean"], true);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_drops_a_client_that_stops_sending_its_body() {
+    let cluster = Cluster::start(1, |b| b.env("HEADER_TIMEOUT_MS", 500)).await;
+    let app = &cluster.instances[0];
+    let mut stalled = TcpStream::connect(format!("127.0.0.1:{}", app.port))
+        .await
+        .unwrap();
+    stalled
+        .write_all(
+            b"PUT /inventory HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n{\"stock\":",
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stalled.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "a stalled body held the connection");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.contains("\"error\""),
+        "not the JSON error shape: {answer}"
+    );
 }
