@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod api;
+mod attack;
 mod browser;
 mod compose;
 mod harness;
