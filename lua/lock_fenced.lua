@@ -4,6 +4,8 @@
 -- KEYS[2]: the fencing counter (only ever incremented, never reset)
 -- ARGV[1]: owner id (instance:request)
 -- ARGV[2]: lease in milliseconds
+-- ARGV[3]: the newest token the caller has drawn before (0 if none): a counter lost with
+--          Redis's data restarts above it, so that tokens never go backwards
 -- returns: {1, token} when taken (a new token) or re-entered (the token of this holding);
 --          {0, pttl} when another owner holds it (its remaining lease in ms, -1 if it has none)
 local kind = redis.call('TYPE', KEYS[1]).ok
@@ -15,6 +17,9 @@ end
 -- issued is still the one drawn when this holding began.
 local token = mine and tonumber(redis.call('GET', KEYS[2]))
 if not token then
+  if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[3]) then
+    redis.call('SET', KEYS[2], ARGV[3])
+  end
   token = redis.call('INCR', KEYS[2])
 end
 redis.call('HINCRBY', KEYS[1], ARGV[1], 1)

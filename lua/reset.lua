@@ -1,4 +1,10 @@
--- Start the item afresh: new stock, empty ledger and audit counters, no lock.
+-- Start the item afresh: new stock, empty ledger and audit counters.
+-- A lock with a lease stays with its holder: taking it away would let the next buyer in
+-- beside a sale that has not read yet (it would read the new stock and write as if it held
+-- the lock alone), and let a naive release delete the next holder's lock. The holder's sale
+-- is refused if it read before the reset, and writes the new stock correctly if it reads
+-- after. Only a lock without a lease (`setnx`, whose holder may have crashed: its flaw) is
+-- deleted, since nothing else would ever free it.
 -- The fencing counter and the newest token seen are kept: a token must never go backwards,
 -- or a sale that drew one before the reset could pass the fence after it. A sale in flight
 -- read the stock before the reset; moving the lock-free write count refuses its write. It
@@ -13,11 +19,14 @@
 -- KEYS[7]: the lock key
 -- KEYS[8]: the count of lock-free writes
 -- ARGV[1]: the new stock
--- ARGV[2]: release channel, told so that waiters on the deleted lock retry at once
+-- ARGV[2]: release channel, told so that waiters on a deleted lock retry at once
 -- returns: the new stock
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[1])
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+if redis.call('PTTL', KEYS[7]) == -1 then
+  redis.call('DEL', KEYS[7])
+end
 local now = redis.call('TIME')
 local count = tonumber(redis.call('GET', KEYS[8]) or '0')
 local clock = now[1] .. string.format('%06d', tonumber(now[2]))

@@ -79,8 +79,9 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_connections: u64,
 
-    /// How long a client may take to send a request's headers, then its body, and how long
-    /// an idle keep-alive connection stays open, in milliseconds.
+    /// How long a client may take to send a request's headers, then its body, or to take
+    /// a response off the wire, and how long an idle keep-alive connection stays open, in
+    /// milliseconds.
     #[arg(long, env = "HEADER_TIMEOUT_MS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub header_timeout_ms: u64,

@@ -10,6 +10,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_io_timeout::TimeoutStream;
 
 use crate::config::Config;
 use crate::http::{self, AppState};
@@ -104,8 +105,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             },
         };
         let _ = stream.set_nodelay(true);
+        // hyper has no write deadline: a client that never reads its responses would hold
+        // the connection (and one of MAX_CONNECTIONS) forever once the socket buffer fills.
+        let mut stream = TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(config.header_timeout()));
         let service = TowerToHyperService::new(app.clone());
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let io = TokioIo::new(Box::pin(stream));
+        let connection = graceful.watch(http.serve_connection(io, service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended with an error");

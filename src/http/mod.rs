@@ -84,6 +84,23 @@ fn api_router() -> OpenApiRouter<Arc<AppState>> {
         .merge(meta::router())
 }
 
+/// axum offers `HEAD` wherever `GET` is routed; the sale refuses it (it would sell), so its
+/// 405s must not offer it either.
+async fn sale_allows_no_head(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let sale = request.uri().path().ends_with("/sale");
+    let mut response = next.run(request).await;
+    if sale && response.status() == axum::http::StatusCode::METHOD_NOT_ALLOWED {
+        response.headers_mut().insert(
+            axum::http::header::ALLOW,
+            HeaderValue::from_static("GET, POST"),
+        );
+    }
+    response
+}
+
 /// The OpenAPI document, without building the application, for an instance that allows
 /// `work_ms` up to `max_work_ms`.
 pub fn openapi(max_work_ms: u64) -> utoipa::openapi::OpenApi {
@@ -129,6 +146,7 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(Arc::new(state))
         .layer(axum::middleware::map_response(error::log_failures))
+        .layer(axum::middleware::from_fn(sale_allows_no_head))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(body_timeout)
         .layer(

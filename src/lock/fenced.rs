@@ -6,6 +6,8 @@
 //! Still wrong: only writes that check the token are protected, and the lock depends on one
 //! Redis node (a failover can lose it: see `redlock`).
 
+use std::sync::atomic::Ordering;
+
 use redis::RedisResult;
 
 use super::{Attempt, LockCx, Released, StrategyInfo};
@@ -26,6 +28,7 @@ pub(super) const INFO: StrategyInfo = StrategyInfo {
 
 pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
     let keys = &cx.store.keys;
+    let newest = cx.newest_fence.load(Ordering::Acquire);
     let reply = cx
         .store
         .call(|mut c| async move {
@@ -34,11 +37,16 @@ pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt
                 .key(&keys.fence)
                 .arg(owner)
                 .arg(super::reentrant::millis(cx.ttl))
+                .arg(newest)
                 .invoke_async(&mut c)
                 .await
         })
         .await?;
-    Ok(Attempt::from_script(reply, true))
+    let attempt = Attempt::from_script(reply, true);
+    if let Attempt::Acquired { fence: Some(token) } = attempt {
+        cx.newest_fence.fetch_max(token, Ordering::AcqRel);
+    }
+    Ok(attempt)
 }
 
 pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {

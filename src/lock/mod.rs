@@ -250,6 +250,9 @@ pub struct LockCx {
     pub ttl: Duration,
     /// Widens the race window of `owner-check` on demand (fault scenarios only).
     pub release_gap: Duration,
+    /// The newest fencing token this instance has drawn: if Redis loses its data (and its
+    /// counter), the counter restarts above it instead of handing out old tokens again.
+    pub newest_fence: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A held lock. Release it with [`Locks::release`]; a guard that is dropped instead stops its
@@ -301,6 +304,7 @@ impl Locks {
                 store,
                 ttl,
                 release_gap,
+                newest_fence: Arc::default(),
             },
             local: Arc::default(),
             waiter,

@@ -57,6 +57,7 @@ async fn lock_fenced(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> (i
         .key(&k.fence)
         .arg(owner)
         .arg(TTL_MS)
+        .arg(0)
         .invoke_async(c)
         .await
         .unwrap()
@@ -209,18 +210,8 @@ async fn each_fenced_acquisition_draws_a_larger_token_and_reentry_keeps_it() {
     let (_redis, mut c, k) = setup().await;
     let conn = c.clone();
     let lock = |owner: &'static str| {
-        let k = k.clone();
-        let mut c = conn.clone();
-        async move {
-            scripts::LOCK_FENCED
-                .key(&k.lock)
-                .key(&k.fence)
-                .arg(owner)
-                .arg(TTL_MS)
-                .invoke_async::<(i64, i64)>(&mut c)
-                .await
-                .unwrap()
-        }
+        let (k, mut c) = (k.clone(), conn.clone());
+        async move { lock_fenced(&mut c, &k, owner).await }
     };
     let (ok, first) = lock("a").await;
     assert_eq!(ok, 1);
@@ -402,7 +393,7 @@ async fn a_locked_write_never_lands_after_a_lock_free_write_it_did_not_see() {
 }
 
 #[tokio::test]
-async fn a_reset_clears_the_ledger_and_the_lock_but_fencing_tokens_keep_counting_up() {
+async fn a_reset_clears_the_ledger_but_leaves_a_leased_lock_and_fencing_tokens_count_up() {
     let (redis, mut c, k) = setup().await;
     let store = store(&redis);
     store.reset(10).await.unwrap();
@@ -416,16 +407,29 @@ async fn a_reset_clears_the_ledger_and_the_lock_but_fencing_tokens_keep_counting
     store.reset(100).await.unwrap();
     let initial: i64 = c.get(&k.initial).await.unwrap();
     assert_eq!(initial, 100);
-    for key in [&k.ledger, &k.sales, &k.sold, &k.duplicates, &k.lock] {
+    for key in [&k.ledger, &k.sales, &k.sold, &k.duplicates] {
         let exists: bool = c.exists(key).await.unwrap();
         assert!(!exists, "{key} survived the reset");
     }
+    assert_eq!(
+        lock_fenced(&mut c, &k, "b").await.0,
+        0,
+        "the reset took a leased lock from its holder"
+    );
+    assert_eq!(unlock_reentrant(&mut c, &k, "a").await, 1);
     let (taken, after) = lock_fenced(&mut c, &k, "b").await;
-    assert_eq!(taken, 1, "the reset freed the lock");
+    assert_eq!(taken, 1);
     assert!(
         after > before,
         "token {after} after the reset, {before} before"
     );
+
+    // A lock without a lease (setnx's, whose holder may be dead) is the reset's to free.
+    let _: () = c.del(&k.lock).await.unwrap();
+    let _: () = c.set(&k.lock, "crashed").await.unwrap();
+    store.reset(5).await.unwrap();
+    let exists: bool = c.exists(&k.lock).await.unwrap();
+    assert!(!exists, "a lease-less lock survived the reset");
 }
 
 #[tokio::test]
