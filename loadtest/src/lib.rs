@@ -6,6 +6,7 @@
 //! contract breaks this crate's build rather than its numbers.
 
 pub mod html;
+pub mod lockbench;
 pub mod procs;
 pub mod scenarios;
 pub mod table;

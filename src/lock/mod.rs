@@ -307,6 +307,11 @@ impl Locks {
         }
     }
 
+    /// Acquire attempts this instance has sent to Redis so far (every strategy together).
+    pub fn attempts(&self) -> u64 {
+        self.waiter.attempts()
+    }
+
     /// Takes the lock for `owner`, waiting until `deadline` at most. A `nested` acquire is
     /// the same sale entering again: it starts no second renewal.
     pub async fn acquire(

@@ -11,6 +11,7 @@
 //! replaces all of this with the tutorial's fixed 20 ms sleep, for comparison.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -28,6 +29,9 @@ const SPIN_INTERVAL: Duration = Duration::from_millis(20);
 pub struct Waiter {
     releases: Arc<Notify>,
     mode: WaitMode,
+    /// Acquire attempts sent to Redis, successful or not: what a herd costs, and what the
+    /// lock bench reports per critical section.
+    attempts: AtomicU64,
 }
 
 impl Waiter {
@@ -35,7 +39,15 @@ impl Waiter {
     pub fn listen(client: Client, channel: String, mode: WaitMode) -> Self {
         let releases = Arc::new(Notify::new());
         tokio::spawn(subscribe(client, channel, Arc::downgrade(&releases)));
-        Self { releases, mode }
+        Self {
+            releases,
+            mode,
+            attempts: AtomicU64::new(0),
+        }
+    }
+
+    pub fn attempts(&self) -> u64 {
+        self.attempts.load(Ordering::Relaxed)
     }
 
     /// Repeats `attempt` until it acquires, the deadline passes, or Redis fails. Returns the
@@ -54,6 +66,7 @@ impl Waiter {
             let released = self.releases.notified();
             tokio::pin!(released);
             released.as_mut().enable();
+            self.attempts.fetch_add(1, Ordering::Relaxed);
             let retry_in = match attempt().await? {
                 Attempt::Acquired { fence } => return Ok(fence),
                 Attempt::Busy { retry_in } => retry_in,
