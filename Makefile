@@ -7,7 +7,7 @@ NGINX_PORT ?= 8080
 LOADTEST_ARGS ?= --stock 100 --requests 1000 --concurrency 64
 REPORT ?= run/report.html
 
-.PHONY: test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios compose-check
+.PHONY: test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios compose-check bench-lock bench
 
 ## demo: install redis-server and nginx if missing, build, start the native stack, load-test every strategy
 demo: stack-deps up
@@ -27,6 +27,20 @@ demo: stack-deps up
 ## scenarios: make each version's flaw happen on demand (own redis-server and instances), with a verdict
 scenarios: stack-deps release
 	target/release/scenarios $(SCENARIO_ARGS)
+
+## bench-lock: C client processes on one lock, the project's waits against rslock (JSON lines)
+BENCH_LOCK_ARGS ?= --clients 16,64 --duration 10
+bench-lock: stack-deps
+	$(CARGO) build --release -p loadtest --bin lock-bench
+	target/release/lock-bench $(BENCH_LOCK_ARGS)
+
+## bench: the lock bench against rslock, wrk against the load generator, sales through nginx,
+## memory; writes the README's performance section and docs/bench-lock.svg
+BENCH_ARGS ?=
+bench: stack-deps
+	@scripts/ensure-deps.sh wrk:wrk
+	$(CARGO) build --release --workspace --bins
+	target/release/bench --readme README.md $(BENCH_ARGS)
 
 ## test: install what the tests need, then formatting, lints, every test, OpenAPI validation, fuzzing
 test: deps fmt-check lint unit openapi-check fuzz

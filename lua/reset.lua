@@ -18,6 +18,7 @@
 -- KEYS[6]: the values sold more than once
 -- KEYS[7]: the lock key
 -- KEYS[8]: the count of lock-free writes
+-- KEYS[9]: the release signal, so that one waiter on the deleted lock retries at once
 -- ARGV[1]: the new stock
 -- ARGV[2]: release channel, told so that waiters on a deleted lock retry at once
 -- returns: the new stock
@@ -36,4 +37,6 @@ else
   redis.call('INCR', KEYS[8])
 end
 redis.call('PUBLISH', ARGV[2], 'reset')
+redis.call('DEL', KEYS[9])
+redis.call('RPUSH', KEYS[9], 'reset')
 return tonumber(ARGV[1])

@@ -129,8 +129,12 @@ pub enum LogFormat {
 /// How a sale waits for a lock held by someone else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WaitMode {
-    /// Sleep until the holder publishes its release or the holder's lease runs out.
+    /// Sleep until a release's signal wakes this waiter (one waiter per release across all
+    /// instances, in turn) or the holder's lease runs out.
     Notify,
+    /// The previous wake-up, for comparison: every release is published to every instance,
+    /// and each wakes one of its waiters.
+    Pubsub,
     /// Retry every 20 ms, as the tutorial does (for comparison).
     Spin,
 }

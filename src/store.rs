@@ -65,6 +65,9 @@ pub struct Keys {
     pub lock: String,
     /// Pub/sub channel on which every release is announced.
     pub released: String,
+    /// A list holding at most one release signal; waiting instances block on it, so each
+    /// release wakes one of them.
+    pub signal: String,
     idempotency_prefix: String,
 }
 
@@ -83,6 +86,7 @@ impl Keys {
             fence_seen: key("fence:seen"),
             lock: key("lock"),
             released: key("lock:released"),
+            signal: key("lock:signal"),
             idempotency_prefix: key("idem:"),
         }
     }
@@ -413,6 +417,7 @@ impl Store {
                 .key(&k.duplicates)
                 .key(&k.lock)
                 .key(&k.lockfree_writes)
+                .key(&k.signal)
                 .arg(stock)
                 .arg(&k.released)
                 .invoke_async::<i64>(&mut c)

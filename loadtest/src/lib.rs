@@ -5,7 +5,9 @@
 //! It speaks the service's own types (`Sold`, `Audit`, `ErrorBody`), so a change to the
 //! contract breaks this crate's build rather than its numbers.
 
+pub mod bench;
 pub mod html;
+pub mod lockbench;
 pub mod procs;
 pub mod scenarios;
 pub mod table;
@@ -122,6 +124,19 @@ pub type Progress = Arc<dyn Fn() + Send + Sync>;
 pub struct LoadTest {
     plan: Plan,
     http: reqwest::Client,
+    /// Throughput mode: sell for this long instead of `plan.requests` times.
+    duration: Option<Duration>,
+}
+
+/// What `--health` measures: the HTTP path alone, to hold against `wrk`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HealthReport {
+    pub endpoint: String,
+    pub concurrency: usize,
+    pub duration_s: f64,
+    pub requests: u64,
+    pub errors: u64,
+    pub requests_per_s: f64,
 }
 
 impl LoadTest {
@@ -137,7 +152,55 @@ impl LoadTest {
             target: plan.target.trim_end_matches('/').to_owned(),
             ..plan
         };
-        Ok(Self { plan, http })
+        Ok(Self {
+            plan,
+            http,
+            duration: None,
+        })
+    }
+
+    /// Throughput mode: each run sells for `duration` (with `plan.concurrency` in flight)
+    /// instead of stopping after `plan.requests`; give it a stock that never runs out.
+    pub fn with_duration(mut self, duration: Duration) -> Self {
+        self.duration = Some(duration);
+        self
+    }
+
+    /// `GET /health` as fast as `plan.concurrency` keep-alive connections allow, for
+    /// `duration`: the generator's own ceiling, to compare with `wrk` on the same target.
+    pub async fn health(&self, duration: Duration) -> HealthReport {
+        let url = format!("{}/health", self.plan.target);
+        let started = Instant::now();
+        let end = started + duration;
+        let workers = (0..self.plan.concurrency).map(|_| {
+            let url = url.as_str();
+            async move {
+                let (mut ok, mut failed) = (0u64, 0u64);
+                while Instant::now() < end {
+                    let fine = match self.http.get(url).send().await {
+                        Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+                        Err(_) => false,
+                    };
+                    if fine {
+                        ok += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+                (ok, failed)
+            }
+        });
+        let counts = futures_util::future::join_all(workers).await;
+        let secs = started.elapsed().as_secs_f64().max(1e-9);
+        let requests: u64 = counts.iter().map(|c| c.0).sum();
+        HealthReport {
+            endpoint: "/health".into(),
+            concurrency: self.plan.concurrency,
+            duration_s: (secs * 1e3).round() / 1e3,
+            requests,
+            errors: counts.iter().map(|c| c.1).sum(),
+            requests_per_s: (requests as f64 / secs).round(),
+        }
     }
 
     pub fn plan(&self) -> &Plan {
@@ -151,13 +214,22 @@ impl LoadTest {
     ) -> anyhow::Result<StrategyReport> {
         self.reset().await?;
         let started = Instant::now();
+        let end = self.duration.map(|d| started + d);
         let next = Arc::new(AtomicUsize::new(0));
-        let workers = (0..self.plan.concurrency.min(self.plan.requests)).map(|_| {
+        let workers = match end {
+            Some(_) => self.plan.concurrency,
+            None => self.plan.concurrency.min(self.plan.requests),
+        };
+        let workers = (0..workers).map(|_| {
             let next = next.clone();
             let progress = progress.clone();
             async move {
                 let mut done = Vec::new();
-                while next.fetch_add(1, Ordering::Relaxed) < self.plan.requests {
+                let more = || match end {
+                    Some(end) => Instant::now() < end,
+                    None => next.fetch_add(1, Ordering::Relaxed) < self.plan.requests,
+                };
+                while more() {
                     done.push(self.sell_once(strategy).await);
                     if let Some(tick) = &progress {
                         tick();

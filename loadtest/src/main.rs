@@ -20,9 +20,17 @@ struct Args {
     /// `all`, or a comma-separated list of strategy names or aliases.
     #[arg(long, default_value = "all")]
     strategy: String,
-    /// Stock to start each strategy with.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(0..=1_000_000_000))]
-    stock: i64,
+    /// Stock to start each strategy with [default: 100, or 1000000000 with --duration].
+    #[arg(long, value_parser = clap::value_parser!(i64).range(0..=1_000_000_000))]
+    stock: Option<i64>,
+    /// Throughput mode: sell for this many seconds per strategy instead of `--requests`
+    /// times, from a stock that never runs out, so that every request is a sale.
+    #[arg(long, value_name = "SECONDS")]
+    duration: Option<f64>,
+    /// Measure `GET /health` instead of sales (for --duration seconds, default 10): the
+    /// generator's own ceiling, to compare with `wrk` on the same target.
+    #[arg(long)]
+    health: bool,
     /// Sales to attempt per strategy.
     #[arg(long, default_value_t = 1000)]
     requests: usize,
@@ -67,20 +75,52 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
     let strategies = parse_strategies(&args.strategy).map_err(anyhow::Error::msg)?;
+    let duration = match args.duration {
+        Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
+        Some(s) => anyhow::bail!("--duration must be a positive number of seconds, not {s}"),
+        None => None,
+    };
+    let default_stock = if duration.is_some() {
+        1_000_000_000
+    } else {
+        100
+    };
     let plan = Plan {
         target: args.target,
         strategies,
-        stock: args.stock,
+        stock: args.stock.unwrap_or(default_stock),
         requests: args.requests,
         concurrency: args.concurrency as usize,
         work_ms: args.work_ms,
         admin_token: args.admin_token.filter(|t| !t.is_empty()),
     };
-    let load = LoadTest::new(plan.clone())?;
+    let mut load = LoadTest::new(plan.clone())?;
+    if args.health {
+        let report = load
+            .health(duration.unwrap_or(std::time::Duration::from_secs(10)))
+            .await;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            println!(
+                "GET /health: {} requests/s ({} requests, {} errors, {} connections, {} s)",
+                report.requests_per_s,
+                report.requests,
+                report.errors,
+                report.concurrency,
+                report.duration_s
+            );
+        }
+        return Ok(Vec::new());
+    }
+    if let Some(duration) = duration {
+        load = load.with_duration(duration);
+    }
     let interactive = !args.json && std::io::stderr().is_terminal();
     let mut reports = Vec::new();
     for &strategy in &plan.strategies {
-        let bar = interactive.then(|| progress_bar(strategy, plan.requests as u64));
+        let bar = (interactive && duration.is_none())
+            .then(|| progress_bar(strategy, plan.requests as u64));
         let tick = bar
             .clone()
             .map(|b| Arc::new(move || b.inc(1)) as loadtest::Progress);

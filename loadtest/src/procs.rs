@@ -612,6 +612,99 @@ async fn collect(
     }
 }
 
+/// nginx in front of instances, from the native stack's template, on a free port (for the
+/// benchmarks; the integration tests have their own in their harness).
+pub struct NginxProcess {
+    process: ProcessGroup,
+    pub port: u16,
+    dir: TempDir,
+}
+
+impl NginxProcess {
+    pub async fn start(upstreams: [u16; 2]) -> anyhow::Result<Self> {
+        let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .context("nginx is not installed (apt-get install nginx)")?;
+        let conf_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nginx");
+        let template = std::fs::read_to_string(conf_dir.join("nginx.native.conf.template"))
+            .context("nginx template")?;
+        let mut last_log = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let dir = tempfile::tempdir()?;
+            std::fs::create_dir_all(dir.path().join("nginx-tmp"))?;
+            let port = free_port()?;
+            let conf = template
+                .replace("@RUN_DIR@", &dir.path().display().to_string())
+                .replace("@CONF_DIR@", &conf_dir.display().to_string())
+                .replace("@NGINX_PORT@", &port.to_string())
+                .replace("@APP1_PORT@", &upstreams[0].to_string())
+                .replace("@APP2_PORT@", &upstreams[1].to_string());
+            let conf_path = dir.path().join("nginx.conf");
+            std::fs::write(&conf_path, conf)?;
+            let error_log = dir.path().join("nginx-error.log");
+            let mut command = Command::new(nginx);
+            command
+                .arg("-e")
+                .arg(&error_log)
+                .arg("-p")
+                .arg(dir.path())
+                .arg("-c")
+                .arg(&conf_path)
+                .args(["-g", "daemon off;"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            // Its own group, stopped with nginx's graceful SIGQUIT: the workers go too.
+            let process = ProcessGroup::spawn(&mut command, Signal::SIGQUIT, DEFAULT_GRACE)
+                .context("cannot run nginx")?;
+            let mut server = NginxProcess { process, port, dir };
+            if server.wait_listening(Duration::from_secs(5)).await {
+                return Ok(server);
+            }
+            last_log = read_log(&error_log);
+        }
+        bail!("nginx did not start; its error log:\n{last_log}")
+    }
+
+    async fn wait_listening(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if self.process.has_exited() {
+                return false;
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn error_log(&self) -> String {
+        read_log(&self.dir.path().join("nginx-error.log"))
+    }
+}
+
+/// Resident memory of a process, from `/proc/<pid>/status`, in KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

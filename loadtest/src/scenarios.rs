@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::procs::{InventoryProcess, RedisProcess, default_env};
-use crate::timeline::{Entry, Timeline};
+use crate::timeline::{Entry, Timeline, sale_tag};
 
 /// Short leases make expiry happen in a fraction of a second.
 const TTL_MS: u64 = 500;
@@ -459,12 +459,12 @@ async fn third_sale_enters(
         env.wait_event("app1", "stock read").await?;
         let b = env.sale(1, query(strategy, b_work));
         let c_and_evidence = async {
-            env.wait_event("app2", "stock read").await?;
+            let b_read = env.wait_event("app2", "stock read").await?;
             let b_owner = env.lock_holder().await.ok().flatten();
             env.timeline
                 .note("runner", "B holds the lock; C (app2) starts waiting for it");
             let c = env.sale(1, query(strategy, 0)).await;
-            Some((b_owner, c))
+            Some((b_owner, c, sale_tag(&b_read)))
         };
         let (b, c) = tokio::join!(b, c_and_evidence);
         Some((b, c?))
@@ -476,7 +476,7 @@ async fn third_sale_enters(
         (a, holder)
     };
     let ((a, holder_after_a), rest) = tokio::join!(a_then_lock, rest);
-    let Some((b, (b_owner, c))) = rest else {
+    let Some((b, (b_owner, c, b_tag))) = rest else {
         return Ok((
             Observed::Missed,
             json!({"why": "B never took the lock", "a": a.summary()}),
@@ -485,7 +485,21 @@ async fn third_sale_enters(
     let audit = env.audit().await?;
     let b_owner = b_owner.filter(|o| o.starts_with("app2:"));
     let b_lock_deleted = b_owner.is_some() && holder_after_a != b_owner;
-    let c_entered_during_b = c.status == 200 && c.at < b.at;
+    // From the instance's own events, not from the order the replies arrive in: a waiter
+    // woken at once by B's release can answer before B's own reply gets out.
+    let entries = env.timeline.entries();
+    let b_done = entries.iter().find(|e| {
+        e.who == "app2"
+            && (e.what == "sale written" || e.what == "sale refused")
+            && sale_tag(e) == b_tag
+    });
+    let c_read = entries
+        .iter()
+        .find(|e| e.is("app2", "stock read") && sale_tag(e) != b_tag);
+    let c_entered_during_b = match (c_read, b_done) {
+        (Some(c_read), Some(b_done)) => c_read.at_ms < b_done.at_ms,
+        _ => c.status == 200 && c.at < b.at,
+    };
     let observed = match b_owner {
         None => Observed::Missed,
         Some(_) if b_lock_deleted || c_entered_during_b => Observed::Flaw,

@@ -157,7 +157,7 @@ impl Entry {
 }
 
 /// A sale is known by the first 8 characters of its id, in owner ids and order ids alike.
-fn sale_tag(e: &Entry) -> String {
+pub fn sale_tag(e: &Entry) -> String {
     let id = e.text("owner");
     let id = if id.is_empty() {
         e.text("order_id")

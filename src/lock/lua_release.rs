@@ -32,6 +32,7 @@ pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
         .call(|mut c| async move {
             scripts::UNLOCK_OWNED
                 .key(&keys.lock)
+                .key(&keys.signal)
                 .arg(owner)
                 .arg(&keys.released)
                 .invoke_async(&mut c)

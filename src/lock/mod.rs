@@ -298,7 +298,7 @@ pub struct Locks {
 impl Locks {
     /// Starts listening for releases; must be called inside a Tokio runtime.
     pub fn new(store: Store, ttl: Duration, mode: WaitMode, release_gap: Duration) -> Self {
-        let waiter = Waiter::listen(store.client().clone(), store.keys.released.clone(), mode);
+        let waiter = Waiter::listen(store.client().clone(), &store.keys, mode);
         Self {
             cx: LockCx {
                 store,
@@ -309,6 +309,11 @@ impl Locks {
             local: Arc::default(),
             waiter,
         }
+    }
+
+    /// Acquire attempts this instance has sent to Redis so far (every strategy together).
+    pub fn attempts(&self) -> u64 {
+        self.waiter.attempts()
     }
 
     /// Takes the lock for `owner`, waiting until `deadline` at most. A `nested` acquire is
@@ -447,6 +452,10 @@ async fn delete_and_announce(cx: &LockCx, owner: &str) -> RedisResult<Released> 
             redis::pipe()
                 .del(&keys.lock)
                 .publish(&keys.released, owner)
+                .del(&keys.signal)
+                .ignore()
+                .rpush(&keys.signal, owner)
+                .ignore()
                 .query_async(&mut c)
                 .await
         })

@@ -47,6 +47,7 @@ pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
         .call(|mut c| async move {
             scripts::UNLOCK_REENTRANT
                 .key(&keys.lock)
+                .key(&keys.signal)
                 .arg(owner)
                 .arg(millis(cx.ttl))
                 .arg(&keys.released)

@@ -1,46 +1,168 @@
 //! Waiting for a lock someone else holds: one mechanism for every Redis strategy.
 //!
-//! Each instance keeps one subscription to the item's release channel. A release wakes *one*
-//! waiter of the instance (as Redisson's semaphore does): one lock can go to one sale, so
-//! waking all of them would only send a herd of doomed attempts to Redis. A waiter
-//! registers *before* each attempt, so a release published between a failed attempt and
-//! the wait still wakes it; a waiter that gives up passes its wake-up on (tokio's `Notify`
-//! forwards it). Each wait is bounded by the holder's remaining lease (the key may simply
-//! expire, and nobody publishes an expiry) and by the sale's deadline; a (re)subscription
-//! wakes everyone, since releases may have been missed meanwhile. `LOCK_WAIT=spin`
-//! replaces all of this with the tutorial's fixed 20 ms sleep, for comparison.
+//! `LOCK_WAIT=notify` (the default) wakes *one* waiter across all instances per release,
+//! as python-redis-lock does: a release pushes a signal onto a Redis list (at most one
+//! signal lies there), and each instance that has waiters keeps one connection blocked in
+//! `BLPOP` on it. Redis hands a pushed element to exactly one blocked client, the one that
+//! has waited longest, so instances take turns; inside an instance the signal goes to the
+//! waiter at the front of a FIFO queue. A release is never missed although a waiter
+//! registers after its failed attempt: a signal pushed meanwhile stays in the list until
+//! someone pops it. A signal nobody here wants any more (the waiter gave up) is pushed
+//! back for the next instance, and one handed to a waiter that is cancelled before using
+//! it is passed on.
+//!
+//! Fairness needs one more rule: while the lock is contended, an arriving sale does not
+//! try first. It would only race the waiter that the last release just woke (and, being
+//! already running, usually win), so it queues at once; the first attempt after a wake-up
+//! then succeeds, which keeps attempts near one per critical section. "Contended" is what
+//! the last acquisition of this instance saw (a busy lock, or a wake-up by a signal), and
+//! the queued arrival waits at most four times the recent acquisition time (scheduling
+//! hiccups on a busy machine stretch single waits well past the average) before trying
+//! anyway, so the end of contention costs one short wait, not a stall.
+//!
+//! Every wait is bounded by the holder's remaining lease (a key may simply expire, and an
+//! expiry signals nobody) and by the sale's deadline. A signal can still be lost with its
+//! popper (an instance killed between `BLPOP` and its attempt): an instance whose
+//! `BLPOP` finds no signal for [`STALL`] wakes its front waiter to look for itself, and a
+//! (re)connection wakes every local waiter, since a restarted Redis forgot the list.
+//!
+//! `LOCK_WAIT=pubsub` keeps the previous mechanism for comparison: every release is
+//! published to every instance, which wakes one local waiter each, so a release costs one
+//! attempt per instance. `LOCK_WAIT=spin` is the tutorial's fixed 20 ms retry.
 
+use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::{Client, RedisResult};
-use tokio::sync::Notify;
-use tokio::time::{Instant, sleep, sleep_until};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, RedisResult};
+use tokio::sync::{Notify, oneshot};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use super::{Attempt, LockError};
 use crate::config::WaitMode;
+use crate::store::Keys;
 
 /// The tutorial's retry interval.
 const SPIN_INTERVAL: Duration = Duration::from_millis(20);
 
+/// How long an instance with waiters blocks on the signal list before it suspects a lost
+/// signal and lets its front waiter look for itself.
+const STALL: Duration = Duration::from_millis(250);
+
+/// Bounds of how long a queued arrival waits for a signal before it tries anyway.
+const MIN_YIELD: Duration = Duration::from_millis(2);
+const MAX_YIELD: Duration = STALL;
+
 pub struct Waiter {
-    releases: Arc<Notify>,
     mode: WaitMode,
+    /// Acquire attempts sent to Redis, successful or not: what a herd costs, and what the
+    /// lock bench reports per critical section.
+    attempts: AtomicU64,
+    backend: Backend,
+}
+
+enum Backend {
+    Spin,
+    PubSub(Arc<Notify>),
+    Queue(Arc<Queue>),
 }
 
 impl Waiter {
-    /// Spawns the subscriber; it stops once the returned `Waiter` is gone.
-    pub fn listen(client: Client, channel: String, mode: WaitMode) -> Self {
-        let releases = Arc::new(Notify::new());
-        tokio::spawn(subscribe(client, channel, Arc::downgrade(&releases)));
-        Self { releases, mode }
+    /// Spawns what `mode` listens with; it stops once the returned `Waiter` is gone.
+    pub fn listen(client: Client, keys: &Keys, mode: WaitMode) -> Self {
+        let backend = match mode {
+            WaitMode::Spin => Backend::Spin,
+            WaitMode::Pubsub => {
+                let releases = Arc::new(Notify::new());
+                tokio::spawn(subscribe(
+                    client,
+                    keys.released.clone(),
+                    Arc::downgrade(&releases),
+                ));
+                Backend::PubSub(releases)
+            }
+            WaitMode::Notify => {
+                let queue = Arc::new(Queue::default());
+                tokio::spawn(pop_signals(client, keys.signal.clone(), queue.clone()));
+                Backend::Queue(queue)
+            }
+        };
+        Self {
+            mode,
+            attempts: AtomicU64::new(0),
+            backend,
+        }
+    }
+
+    pub fn attempts(&self) -> u64 {
+        self.attempts.load(Ordering::Relaxed)
     }
 
     /// Repeats `attempt` until it acquires, the deadline passes, or Redis fails. Returns the
     /// fencing token of the acquisition, if any.
     pub async fn until_acquired<F, Fut>(
+        &self,
+        deadline: Instant,
+        attempt: F,
+    ) -> Result<Option<u64>, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = RedisResult<Attempt>>,
+    {
+        match &self.backend {
+            Backend::Queue(queue) => self.queued(queue, deadline, attempt).await,
+            Backend::Spin | Backend::PubSub(_) => self.retried(deadline, attempt).await,
+        }
+    }
+
+    async fn queued<F, Fut>(
+        &self,
+        queue: &Queue,
+        deadline: Instant,
+        mut attempt: F,
+    ) -> Result<Option<u64>, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = RedisResult<Attempt>>,
+    {
+        let started = Instant::now();
+        let mut signalled = false;
+        let mut saw_busy = false;
+        let mut queued_before = false;
+        if queue.contended.load(Ordering::Relaxed) {
+            let bound = (started + queue.yield_bound()).min(deadline);
+            signalled = queue.register(false).wait_until(bound).await;
+            queued_before = true;
+        }
+        loop {
+            self.attempts.fetch_add(1, Ordering::Relaxed);
+            let retry_in = match attempt().await? {
+                Attempt::Acquired { fence } => {
+                    queue.learn(saw_busy || signalled, started.elapsed());
+                    return Ok(fence);
+                }
+                Attempt::Busy { retry_in } => retry_in,
+            };
+            saw_busy = true;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LockError::Timeout {
+                    waited: now - started,
+                });
+            }
+            let lease_end = retry_in.map_or(deadline, |r| (now + r).min(deadline));
+            // A sale that has waited already goes back to the front, ahead of newcomers.
+            signalled = queue.register(queued_before).wait_until(lease_end).await;
+            queued_before = true;
+        }
+    }
+
+    /// The pub/sub and spin waits: try, then sleep until a release is heard (or 20 ms pass).
+    async fn retried<F, Fut>(
         &self,
         deadline: Instant,
         mut attempt: F,
@@ -51,9 +173,16 @@ impl Waiter {
     {
         let started = Instant::now();
         loop {
-            let released = self.releases.notified();
+            let released = match &self.backend {
+                Backend::PubSub(releases) => Some(releases.notified()),
+                _ => None,
+            };
             tokio::pin!(released);
-            released.as_mut().enable();
+            if let Some(released) = released.as_mut().as_pin_mut() {
+                // Registered before the attempt, so a release published in between counts.
+                released.enable();
+            }
+            self.attempts.fetch_add(1, Ordering::Relaxed);
             let retry_in = match attempt().await? {
                 Attempt::Acquired { fence } => return Ok(fence),
                 Attempt::Busy { retry_in } => retry_in,
@@ -65,20 +194,246 @@ impl Waiter {
                 });
             }
             let lease_end = retry_in.map_or(deadline, |r| (now + r).min(deadline));
-            match self.mode {
-                WaitMode::Spin => sleep_until(lease_end.min(now + SPIN_INTERVAL)).await,
-                WaitMode::Notify => {
+            match released.as_pin_mut() {
+                Some(released) if self.mode == WaitMode::Pubsub => {
                     tokio::select! {
                         () = released => {}
                         () = sleep_until(lease_end) => {}
                     }
                 }
+                _ => sleep_until(lease_end.min(now + SPIN_INTERVAL)).await,
             }
         }
     }
 }
 
-/// Keeps one subscription alive for as long as anyone listens.
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if let Backend::Queue(queue) = &self.backend {
+            queue.closed.store(true, Ordering::Relaxed);
+            queue.wanted.notify_one();
+        }
+    }
+}
+
+/// This instance's waiters in arrival order, and what it learnt about contention.
+#[derive(Default)]
+struct Queue {
+    /// A std mutex: no await happens while it is held.
+    waiters: Mutex<VecDeque<oneshot::Sender<()>>>,
+    /// Wakes the signal popper: a waiter arrived, or a signal must go back to Redis.
+    wanted: Notify,
+    /// Signals popped here that no local waiter took.
+    give_back: AtomicU64,
+    contended: AtomicBool,
+    /// A moving average of acquisition times, in microseconds.
+    typical_wait_us: AtomicU64,
+    closed: AtomicBool,
+}
+
+impl Queue {
+    fn register(self: &Queue, front: bool) -> Registration<'_> {
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut waiters) = self.waiters.lock() {
+            if front {
+                waiters.push_front(tx);
+            } else {
+                waiters.push_back(tx);
+            }
+        }
+        self.wanted.notify_one();
+        Registration {
+            queue: self,
+            rx: Some(rx),
+        }
+    }
+
+    fn has_waiters(&self) -> bool {
+        self.waiters
+            .lock()
+            .map(|mut w| {
+                w.retain(|tx| !tx.is_closed());
+                !w.is_empty()
+            })
+            .unwrap_or(false)
+    }
+
+    /// Hands a signal to the first waiter still waiting; false when there is none.
+    fn hand_out(&self) -> bool {
+        let Ok(mut waiters) = self.waiters.lock() else {
+            return false;
+        };
+        while let Some(tx) = waiters.pop_front() {
+            if tx.send(()).is_ok() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A signal nobody here can use goes back to Redis, for the next instance.
+    fn pass_on(&self) {
+        if !self.hand_out() {
+            self.give_back.fetch_add(1, Ordering::Relaxed);
+            self.wanted.notify_one();
+        }
+    }
+
+    fn wake_all(&self) {
+        while self.hand_out() {}
+    }
+
+    fn learn(&self, contended: bool, waited: Duration) {
+        self.contended.store(contended, Ordering::Relaxed);
+        let sample = waited.as_micros().min(u128::from(u32::MAX)) as u64;
+        let old = self.typical_wait_us.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            (old * 7 + sample) / 8
+        };
+        self.typical_wait_us.store(new, Ordering::Relaxed);
+    }
+
+    fn yield_bound(&self) -> Duration {
+        let typical = Duration::from_micros(self.typical_wait_us.load(Ordering::Relaxed));
+        (typical * 4).clamp(MIN_YIELD, MAX_YIELD)
+    }
+}
+
+/// One wait in the queue. Dropped with a signal it did not use (its sale was cancelled
+/// between the wake-up and the attempt), it passes the signal on.
+struct Registration<'a> {
+    queue: &'a Queue,
+    rx: Option<oneshot::Receiver<()>>,
+}
+
+impl Registration<'_> {
+    /// True when woken by a signal; false when `until` came first (or the popper stopped).
+    async fn wait_until(mut self, until: Instant) -> bool {
+        let Some(rx) = self.rx.as_mut() else {
+            return false;
+        };
+        let woken = tokio::select! {
+            r = rx => r.is_ok(),
+            () = sleep_until(until) => false,
+        };
+        if woken {
+            // Consumed: the attempt that follows is its use.
+            self.rx = None;
+        }
+        woken
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if rx.try_recv().is_ok() {
+                self.queue.pass_on();
+            }
+        }
+    }
+}
+
+/// Keeps one connection blocked on the signal list while this instance has waiters, and
+/// hands each popped signal to the front waiter.
+async fn pop_signals(client: Client, key: String, queue: Arc<Queue>) {
+    let mut backoff = Duration::from_millis(50);
+    let mut conn: Option<MultiplexedConnection> = None;
+    while !queue.closed.load(Ordering::Relaxed) {
+        // Idle until someone waits: an instance without waiters must not take signals.
+        loop {
+            let wanted = queue.wanted.notified();
+            tokio::pin!(wanted);
+            wanted.as_mut().enable();
+            if queue.closed.load(Ordering::Relaxed) {
+                return;
+            }
+            if queue.has_waiters() || queue.give_back.load(Ordering::Relaxed) > 0 {
+                break;
+            }
+            wanted.await;
+        }
+        let connected = match conn.as_mut() {
+            Some(connected) => connected,
+            None => match blocking_connection(&client).await {
+                Ok(fresh) => {
+                    backoff = Duration::from_millis(50);
+                    // Signals pushed while nobody here listened may be gone with a
+                    // restarted Redis: every local waiter looks for itself once.
+                    queue.wake_all();
+                    conn.insert(fresh)
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot connect for lock signals yet");
+                    queue.wake_all();
+                    sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            },
+        };
+        if let Err(e) = serve(connected, &key, &queue).await {
+            tracing::warn!(error = %e, "lock signal connection lost; reconnecting");
+            conn = None;
+        }
+    }
+}
+
+async fn serve(conn: &mut MultiplexedConnection, key: &str, queue: &Queue) -> RedisResult<()> {
+    loop {
+        if queue.closed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let back = queue.give_back.swap(0, Ordering::Relaxed);
+        if back > 0 {
+            // At the head, where it was: the next blocked instance gets it at once.
+            redis::cmd("LPUSH")
+                .arg(key)
+                .arg("passed-on")
+                .query_async::<()>(conn)
+                .await?;
+        }
+        if !queue.has_waiters() {
+            return Ok(());
+        }
+        let popped = timeout(
+            STALL + Duration::from_secs(2),
+            redis::cmd("BLPOP")
+                .arg(key)
+                .arg(STALL.as_secs_f64())
+                .query_async::<Option<(String, String)>>(conn),
+        )
+        .await
+        .map_err(|_| {
+            redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "BLPOP outlived its own timeout",
+            ))
+        })??;
+        match popped {
+            Some(_) => queue.pass_on(),
+            // No release for a while: a signal may have died with its popper.
+            None => {
+                queue.hand_out();
+            }
+        }
+    }
+}
+
+/// Its own connection: a blocked `BLPOP` holds up every command queued behind it.
+async fn blocking_connection(client: &Client) -> RedisResult<MultiplexedConnection> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(None);
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
+/// Keeps one subscription alive for as long as anyone listens (`LOCK_WAIT=pubsub`).
 async fn subscribe(client: Client, channel: String, releases: Weak<Notify>) {
     let mut backoff = Duration::from_millis(50);
     while releases.strong_count() > 0 {
@@ -114,4 +469,62 @@ async fn connect(client: &Client, channel: &str) -> RedisResult<redis::aio::PubS
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.subscribe(channel).await?;
     Ok(pubsub)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_signal_goes_to_the_longest_waiter_and_a_rewaiter_keeps_its_place() {
+        let queue = Queue::default();
+        let first = queue.register(false);
+        let second = queue.register(false);
+        assert!(queue.hand_out());
+        let far = Instant::now() + Duration::from_secs(3600);
+        assert!(first.wait_until(far).await);
+        let again = queue.register(true);
+        assert!(queue.hand_out());
+        assert!(again.wait_until(far).await);
+        assert!(queue.hand_out());
+        assert!(second.wait_until(far).await);
+        assert!(!queue.hand_out());
+    }
+
+    #[tokio::test]
+    async fn a_signal_left_by_a_cancelled_waiter_is_passed_on_or_given_back() {
+        let queue = Queue::default();
+        let cancelled = queue.register(false);
+        let next = queue.register(false);
+        assert!(queue.hand_out());
+        drop(cancelled);
+        let far = Instant::now() + Duration::from_secs(3600);
+        assert!(
+            next.wait_until(far).await,
+            "the signal went on to the next waiter"
+        );
+        let last = queue.register(false);
+        assert!(queue.hand_out());
+        drop(last);
+        assert_eq!(queue.give_back.load(Ordering::Relaxed), 1, "back to Redis");
+    }
+
+    #[test]
+    fn waiters_that_gave_up_do_not_count() {
+        let queue = Queue::default();
+        let gone = queue.register(false);
+        assert!(queue.has_waiters());
+        drop(gone);
+        assert!(!queue.has_waiters());
+    }
+
+    #[test]
+    fn a_queued_arrival_waits_about_four_times_the_recent_acquisition_time() {
+        let queue = Queue::default();
+        assert_eq!(queue.yield_bound(), MIN_YIELD);
+        queue.learn(true, Duration::from_millis(10));
+        assert_eq!(queue.yield_bound(), Duration::from_millis(40));
+        queue.learn(true, Duration::from_secs(60));
+        assert_eq!(queue.yield_bound(), MAX_YIELD);
+    }
 }

@@ -33,6 +33,7 @@ async fn lock_reentrant(c: &mut MultiplexedConnection, k: &Keys, owner: &str) ->
 async fn unlock_reentrant(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
     scripts::UNLOCK_REENTRANT
         .key(&k.lock)
+        .key(&k.signal)
         .arg(owner)
         .arg(TTL_MS)
         .arg(&k.released)
@@ -66,6 +67,7 @@ async fn lock_fenced(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> (i
 async fn unlock_owned(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
     scripts::UNLOCK_OWNED
         .key(&k.lock)
+        .key(&k.signal)
         .arg(owner)
         .arg(&k.released)
         .invoke_async(c)
@@ -146,6 +148,7 @@ async fn a_non_owner_can_neither_release_nor_renew() {
         .unwrap();
     let deleted: i64 = scripts::UNLOCK_OWNED
         .key("plain")
+        .key(&k.signal)
         .arg("b")
         .arg(&k.released)
         .invoke_async(&mut c)
@@ -156,6 +159,7 @@ async fn a_non_owner_can_neither_release_nor_renew() {
     assert_eq!(holder, "a");
     let deleted: i64 = scripts::UNLOCK_OWNED
         .key("plain")
+        .key(&k.signal)
         .arg("a")
         .arg(&k.released)
         .invoke_async(&mut c)

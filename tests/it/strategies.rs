@@ -114,6 +114,18 @@ async fn spin_waiting_sells_exactly_the_stock_too() {
     assert_eq!(cluster.instances[0].audit().await["clean"], true);
 }
 
+/// The previous wake-up (every release published to every instance) stays for comparison.
+#[tokio::test(flavor = "multi_thread")]
+async fn pubsub_waiting_sells_exactly_the_stock_too() {
+    let cluster = Cluster::start(2, |b| b.env("LOCK_WAIT", "pubsub")).await;
+    cluster.instances[0].reset(STOCK).await;
+    let replies = cluster
+        .concurrent_sales(12, "strategy=fenced&work_ms=20")
+        .await;
+    assert_eq!(count(&replies, 200, None), STOCK as usize);
+    assert_eq!(cluster.instances[0].audit().await["clean"], true);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn local_on_a_single_instance_never_oversells() {
     let cluster = Cluster::start(1, |b| b).await;

@@ -1,0 +1,447 @@
+//! `make bench`: every performance figure of the project in one run, on one machine, so that
+//! the ratios compare numbers taken minutes apart under the same load: the lock bench
+//! against rslock, sales through nginx against the serial lock-cycle limit and against
+//! `GET /health`, the load generator against `wrk`, and memory after 256 connections. It
+//! writes a README section (a table and an SVG chart) between two markers.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use inventory::lock::Strategy;
+use serde::Serialize;
+
+use crate::lockbench::{self, Contender, Load, RunReport};
+use crate::procs::{self, InventoryProcess, NginxProcess, RedisProcess};
+use crate::{LoadTest, Plan};
+
+pub const README_START: &str = "<!-- bench:start (written by `make bench`) -->";
+pub const README_END: &str = "<!-- bench:end -->";
+
+/// What one `make bench` asks for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub clients: Vec<usize>,
+    pub lock_duration: Duration,
+    pub http_duration: Duration,
+    pub connections: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HttpFigures {
+    pub connections: usize,
+    pub wrk_health_rps: f64,
+    pub loadtest_health_rps: f64,
+    /// Sales/s through nginx, stock that never runs out, by strategy.
+    pub sales_per_s: Vec<(String, f64)>,
+    /// Sales that did not end in a 200, by strategy.
+    pub sale_errors: Vec<(String, u64)>,
+    pub rss_idle_mib: Vec<f64>,
+    pub rss_after_256_mib: Vec<f64>,
+}
+
+pub struct Results {
+    pub machine: String,
+    pub locks: Vec<RunReport>,
+    /// `fenced/notify` with one client: a lock cycle with nobody to wait for.
+    pub serial: RunReport,
+    pub http: Option<HttpFigures>,
+}
+
+/// The lock bench: rslock and the project's waits at each C, interleaved.
+pub async fn locks(
+    lock_bench: &Path,
+    options: &Options,
+    mut progress: impl FnMut(&RunReport),
+) -> anyhow::Result<(Vec<RunReport>, RunReport)> {
+    let contenders = [
+        "rslock",
+        "lua-release/notify",
+        "fenced/notify",
+        "lua-release/pubsub",
+        "fenced/pubsub",
+        "lua-release/spin",
+        "fenced/spin",
+    ]
+    .map(Contender::parse)
+    .into_iter()
+    .collect::<anyhow::Result<Vec<_>>>()?;
+    let load = Load {
+        duration: options.lock_duration,
+        ..Load::default()
+    };
+    let redis = RedisProcess::start(&[]).await?;
+    let serial = lockbench::run(
+        &redis,
+        lock_bench,
+        Contender::parse("fenced/notify")?,
+        1,
+        load,
+    )
+    .await?;
+    progress(&serial);
+    let mut reports = Vec::new();
+    for &clients in &options.clients {
+        for &contender in &contenders {
+            let report = lockbench::run(&redis, lock_bench, contender, clients, load).await?;
+            progress(&report);
+            reports.push(report);
+        }
+    }
+    Ok((reports, serial))
+}
+
+/// Redis, two instances and nginx on free ports; then `wrk` and the load generator on
+/// `GET /health`, sales at `connections`, and memory after a run at 256.
+pub async fn http(inventory: &Path, options: &Options) -> anyhow::Result<HttpFigures> {
+    let redis = RedisProcess::start(&[]).await?;
+    let mut instances = Vec::new();
+    for name in ["app1", "app2"] {
+        let mut env = procs::default_env(&redis.url(), name);
+        // Logs at debug cost more than a sale; a production instance logs warnings.
+        env.insert("RUST_LOG".into(), "warn".into());
+        instances.push(InventoryProcess::start(inventory, name, &env, None).await?);
+    }
+    let nginx = NginxProcess::start([instances[0].port, instances[1].port]).await?;
+    let rss = |instances: &[InventoryProcess]| {
+        instances
+            .iter()
+            .map(|i| {
+                let kib = i.pid().and_then(procs::rss_kib).unwrap_or(0);
+                (kib as f64 / 1024.0 * 10.0).round() / 10.0
+            })
+            .collect::<Vec<_>>()
+    };
+    let rss_idle_mib = rss(&instances);
+    let plan = |strategies: Vec<Strategy>, connections: usize| Plan {
+        target: nginx.url(),
+        strategies,
+        stock: 1_000_000_000,
+        requests: 1,
+        concurrency: connections,
+        work_ms: 0,
+        admin_token: None,
+    };
+    let d = options.http_duration;
+    let health = LoadTest::new(plan(Vec::new(), options.connections))?;
+    let wrk_health_rps = wrk(&nginx.url(), options.connections, d).await?;
+    let loadtest_health_rps = health.health(d).await.requests_per_s;
+
+    let mut sales_per_s = Vec::new();
+    let mut sale_errors = Vec::new();
+    let strategies: Vec<Strategy> = ["fenced", "lua-release", "atomic"]
+        .iter()
+        .map(|s| s.parse().map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
+    let sales = LoadTest::new(plan(strategies.clone(), options.connections))?.with_duration(d);
+    for &strategy in &strategies {
+        let report = sales.run_strategy(strategy, None).await?;
+        sales_per_s.push((report.strategy.clone(), report.sales_per_s));
+        sale_errors.push((report.strategy.clone(), report.errors));
+    }
+    let wide = LoadTest::new(plan(strategies.clone(), 256))?.with_duration(d);
+    wide.run_strategy(strategies[0], None).await?;
+    let rss_after_256_mib = rss(&instances);
+    drop(nginx);
+    Ok(HttpFigures {
+        connections: options.connections,
+        wrk_health_rps,
+        loadtest_health_rps,
+        sales_per_s,
+        sale_errors,
+        rss_idle_mib,
+        rss_after_256_mib,
+    })
+}
+
+/// `wrk` on `GET /health`, two threads (the machine's cores), its Requests/sec.
+async fn wrk(target: &str, connections: usize, duration: Duration) -> anyhow::Result<f64> {
+    let out = tokio::process::Command::new("wrk")
+        .args(["-t", "2", "-c", &connections.to_string()])
+        .args(["-d", &format!("{}s", duration.as_secs().max(1))])
+        .arg(format!("{target}/health"))
+        .output()
+        .await
+        .context("cannot run wrk (apt-get install wrk)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no Requests/sec in wrk's output:\n{text}"))
+}
+
+/// CPU model, cores, kernel, and the Redis version, for the README.
+pub async fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|k| k.trim().to_owned())
+        .unwrap_or_default();
+    let redis = tokio::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .await
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("v="))
+                .unwrap_or("?")
+                .to_owned()
+        })
+        .unwrap_or_else(|_| "?".into());
+    format!("{cores} cores ({cpu}), Linux {kernel}, redis-server {redis}")
+}
+
+fn find<'a>(locks: &'a [RunReport], label: &str, clients: usize) -> Option<&'a RunReport> {
+    locks
+        .iter()
+        .find(|r| r.label() == label && r.clients == clients)
+}
+
+/// The README section: machine, lock table with ratios to rslock, HTTP figures.
+pub fn markdown(results: &Results, svg_path: &str) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "{README_START}");
+    let _ = writeln!(
+        md,
+        "Measured by `make bench` on {}; other work shared the machine, so compare \
+         within the table, not with other runs.\n",
+        results.machine
+    );
+    let _ = writeln!(
+        md,
+        "**Lock bench** (`make bench-lock`): C client processes, each its own `Locks`, loop \
+         acquire -> `GET` -> `SET +1` -> release on one lock; rslock 0.10 runs the same loop. \
+         Fairness is the fewest critical sections of a client over the most.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| C | contender | ops/s | x rslock | acquire p50 / p99 / max ms | fairness | \
+         attempts/cs | Redis cmds/cs | timeouts | lost |"
+    );
+    let _ = writeln!(md, "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|");
+    for r in &results.locks {
+        let base = find(&results.locks, "rslock", r.clients).map_or(0.0, |b| b.ops_per_s);
+        let ratio = if base > 0.0 { r.ops_per_s / base } else { 0.0 };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {:.2} | {} / {} / {} | {:.2} | {:.2} | {:.1} | {} | {} |",
+            r.clients,
+            r.label(),
+            r.ops_per_s,
+            ratio,
+            r.acquire_ms.p50,
+            r.acquire_ms.p99,
+            r.acquire_ms.max,
+            r.fairness,
+            r.attempts_per_cs,
+            r.commands_per_cs,
+            r.timeouts,
+            r.lost_updates
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nSerial lock cycle (`fenced/notify`, one client, nobody to wait for): {:.0} cycles/s.\n",
+        results.serial.ops_per_s
+    );
+    let _ = writeln!(md, "![ops/s and max acquire against C]({svg_path})\n");
+    if let Some(h) = &results.http {
+        let _ = writeln!(
+            md,
+            "**Through nginx** (two instances, {} connections, a stock that never runs out):\n",
+            h.connections
+        );
+        let _ = writeln!(md, "| measure | value | ratio |");
+        let _ = writeln!(md, "|---|---:|---|");
+        let _ = writeln!(
+            md,
+            "| `wrk` GET /health | {:.0} req/s | |",
+            h.wrk_health_rps
+        );
+        let _ = writeln!(
+            md,
+            "| `loadtest --health` | {:.0} req/s | {:.2}x wrk |",
+            h.loadtest_health_rps,
+            h.loadtest_health_rps / h.wrk_health_rps.max(1.0)
+        );
+        for (strategy, sales) in &h.sales_per_s {
+            let ratio = if strategy == "atomic" {
+                format!("{:.2}x wrk GET /health", sales / h.wrk_health_rps.max(1.0))
+            } else {
+                format!(
+                    "{:.2}x the serial lock cycle",
+                    sales / results.serial.ops_per_s.max(1.0)
+                )
+            };
+            let _ = writeln!(md, "| `{strategy}` sales | {sales:.0} sales/s | {ratio} |");
+        }
+        let _ = writeln!(
+            md,
+            "| RSS per instance, idle | {:?} MiB | |",
+            h.rss_idle_mib
+        );
+        let _ = writeln!(
+            md,
+            "| RSS per instance after 256 connections | {:?} MiB | |",
+            h.rss_after_256_mib
+        );
+    }
+    let _ = write!(md, "{README_END}");
+    md
+}
+
+/// Replaces the section between the markers, or appends it under a heading.
+pub fn splice_readme(readme: &str, section: &str) -> String {
+    match (readme.find(README_START), readme.find(README_END)) {
+        (Some(start), Some(end)) if end > start => format!(
+            "{}{section}{}",
+            &readme[..start],
+            &readme[end + README_END.len()..]
+        ),
+        _ => format!("{}\n\n## Performance\n\n{section}\n", readme.trim_end()),
+    }
+}
+
+/// Two panels against C: ops/s and max acquire (log scale), one line per contender.
+pub fn svg(locks: &[RunReport]) -> String {
+    let mut clients: Vec<usize> = locks.iter().map(|r| r.clients).collect();
+    clients.sort_unstable();
+    clients.dedup();
+    let mut labels: Vec<String> = Vec::new();
+    for r in locks {
+        if !labels.contains(&r.label()) {
+            labels.push(r.label());
+        }
+    }
+    let colors = [
+        "#444444", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02",
+    ];
+    let (w, h, pad) = (360.0, 240.0, 50.0);
+    let max_ops = locks.iter().map(|r| r.ops_per_s).fold(1.0, f64::max) * 1.1;
+    let max_ms = locks.iter().map(|r| r.acquire_ms.max).fold(1.0, f64::max);
+    let log_top = max_ms.max(10.0).log10().ceil();
+    let x = |c: usize| {
+        let i = clients.iter().position(|&k| k == c).unwrap_or(0) as f64;
+        let n = (clients.len().max(2) - 1) as f64;
+        pad + i * (w - 2.0 * pad) / n
+    };
+    let y_ops = |v: f64| h - pad + (v / max_ops) * (2.0 * pad - h);
+    let y_ms = |v: f64| {
+        let l = v.max(0.1).log10().max(-1.0);
+        h - pad + ((l + 1.0) / (log_top + 1.0)) * (2.0 * pad - h)
+    };
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="11">"#,
+        2.0 * w + 170.0,
+        h + 10.0
+    );
+    for (panel, title) in [(0.0, "ops/s"), (w, "max acquire, ms (log)")] {
+        let _ = write!(
+            s,
+            r#"<g transform="translate({panel},0)"><text x="{}" y="18" text-anchor="middle" font-weight="bold">{title} vs clients</text><line x1="{pad}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{pad}" y1="{pad}" x2="{pad}" y2="{}" stroke="black"/>"#,
+            w / 2.0,
+            h - pad,
+            w - pad,
+            h - pad,
+            h - pad
+        );
+        for &c in &clients {
+            let _ = write!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="middle">{c}</text>"#,
+                x(c),
+                h - pad + 15.0
+            );
+        }
+        if panel == 0.0 {
+            for k in 0..=4 {
+                let v = max_ops * f64::from(k) / 4.0;
+                let _ = write!(
+                    s,
+                    r#"<text x="{}" y="{}" text-anchor="end">{v:.0}</text>"#,
+                    pad - 4.0,
+                    y_ops(v) + 4.0
+                );
+            }
+        } else {
+            for e in -1..=(log_top as i32) {
+                let v = 10f64.powi(e);
+                let _ = write!(
+                    s,
+                    r#"<text x="{}" y="{}" text-anchor="end">{v}</text>"#,
+                    pad - 4.0,
+                    y_ms(v) + 4.0
+                );
+            }
+        }
+        for (i, label) in labels.iter().enumerate() {
+            let color = colors[i % colors.len()];
+            let points: Vec<String> = clients
+                .iter()
+                .filter_map(|&c| find(locks, label, c))
+                .map(|r| {
+                    let y = if panel == 0.0 {
+                        y_ops(r.ops_per_s)
+                    } else {
+                        y_ms(r.acquire_ms.max)
+                    };
+                    format!("{:.1},{:.1}", x(r.clients), y)
+                })
+                .collect();
+            // The reference dashed, so it stands out from the project's lines.
+            let dash = if label == "rslock" {
+                r#" stroke-dasharray="6 3""#
+            } else {
+                ""
+            };
+            let _ = write!(
+                s,
+                r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
+                points.join(" ")
+            );
+        }
+        let _ = write!(s, "</g>");
+    }
+    for (i, label) in labels.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        let y = 40.0 + 16.0 * i as f64;
+        let _ = write!(
+            s,
+            r#"<rect x="{}" y="{}" width="12" height="4" fill="{color}"/><text x="{}" y="{}">{label}</text>"#,
+            2.0 * w + 5.0,
+            y - 4.0,
+            2.0 * w + 22.0,
+            y
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_section_is_replaced_between_its_markers_or_appended_once() {
+        let first = splice_readme("# Title\n", &format!("{README_START}\nA\n{README_END}"));
+        assert!(first.contains("## Performance"));
+        let second = splice_readme(&first, &format!("{README_START}\nB\n{README_END}"));
+        assert!(
+            second.contains("\nB\n") && !second.contains("\nA\n"),
+            "{second}"
+        );
+        assert_eq!(second.matches("## Performance").count(), 1);
+    }
+}

@@ -1,0 +1,122 @@
+//! `lock-bench`: C client processes contend for one lock; one JSON line per run, rslock
+//! measured in the same invocation as the reference. See `loadtest::lockbench`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use loadtest::lockbench::{self, Contender, Load};
+use loadtest::procs::RedisProcess;
+
+/// Lock bench: acquire -> GET -> SET -> release, C processes, one lock.
+#[derive(Debug, Parser)]
+#[command(name = "lock-bench", version, about)]
+struct Args {
+    #[command(subcommand)]
+    child: Option<Child>,
+    /// What to measure: `rslock`, or `<strategy>/<wait>` (`fenced/notify`), comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "rslock,lua-release/notify,fenced/notify,lua-release/pubsub,fenced/pubsub,lua-release/spin,fenced/spin"
+    )]
+    contenders: Vec<String>,
+    /// Numbers of client processes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "16,64")]
+    clients: Vec<usize>,
+    /// Seconds each run lasts.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds one acquire may wait before it counts as a timeout.
+    #[arg(long, default_value_t = 10.0)]
+    wait_budget: f64,
+    /// Exit 1 unless every run lost no update and had no timeout (for tests).
+    #[arg(long)]
+    check: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Child {
+    /// One client process (spawned by the bench itself).
+    #[command(hide = true)]
+    Child {
+        #[arg(long)]
+        redis: String,
+        #[arg(long)]
+        contender: String,
+        #[arg(long)]
+        id: usize,
+        #[arg(long)]
+        duration_ms: u64,
+        #[arg(long)]
+        wait_budget_ms: u64,
+        #[arg(long)]
+        ttl_ms: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // A client is one small service instance: two worker threads, as a container with a
+    // CPU limit would have, so that 64 of them do not each spawn a thread per core.
+    let workers = if args.child.is_some() { 2 } else { 4 };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build();
+    let result = runtime
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run(args)));
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("lock-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<bool> {
+    if let Some(Child::Child {
+        redis,
+        contender,
+        id,
+        duration_ms,
+        wait_budget_ms,
+        ttl_ms,
+    }) = args.child
+    {
+        let load = Load {
+            duration: Duration::from_millis(duration_ms),
+            wait_budget: Duration::from_millis(wait_budget_ms),
+            ttl: Duration::from_millis(ttl_ms),
+        };
+        lockbench::client(&redis, Contender::parse(&contender)?, id, load).await?;
+        return Ok(true);
+    }
+    let contenders = args
+        .contenders
+        .iter()
+        .map(|c| Contender::parse(c))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let load = Load {
+        duration: Duration::from_secs_f64(args.duration),
+        wait_budget: Duration::from_secs_f64(args.wait_budget),
+        ..Load::default()
+    };
+    let exe = std::env::current_exe()?;
+    let redis = RedisProcess::start(&[]).await?;
+    let mut clean = true;
+    // Every contender at one C before the next C, so that each comparison is made minutes
+    // apart at most on a machine whose load changes.
+    for &clients in &args.clients {
+        for &contender in &contenders {
+            eprintln!("lock-bench: {} with {clients} clients", contender.label());
+            let report = lockbench::run(&redis, &exe, contender, clients, load).await?;
+            clean &= report.lost_updates == 0 && report.timeouts == 0 && report.errors == 0;
+            println!("{}", serde_json::to_string(&report)?);
+        }
+    }
+    Ok(clean || !args.check)
+}

@@ -1,0 +1,513 @@
+//! The lock bench behind `lock-bench`: C client processes, each one `Locks` with its own
+//! connections (as C service instances would be), loop acquire -> `GET counter` ->
+//! `SET counter+1` -> release on one lock for a fixed time. rslock runs the same loop in the
+//! same invocation as the reference.
+//!
+//! Processes, not tasks: a herd or a hand-off between instances costs a wake-up of another
+//! process (and its scheduling on a busy machine), which tasks of one runtime would hide.
+//! The parent starts its own `redis-server`, spawns its own executable as the clients, lets
+//! them connect, starts them together, and then reads what only Redis knows: the final
+//! counter (lost updates) and `INFO commandstats` (what a critical section costs).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use inventory::config::WaitMode;
+use inventory::lock::{LockError, Locks, RedisLock, Strategy};
+use inventory::metrics::Metrics;
+use inventory::store::Store;
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+use tokio::time::Instant;
+
+use crate::procs::RedisProcess;
+
+/// The item whose lock the clients share; the counter lives in the same hash slot.
+const ITEM: &str = "bench";
+const COUNTER: &str = "inventory:{bench}:counter";
+const RSLOCK_RESOURCE: &str = "inventory:{bench}:rslock";
+
+/// Who is measured: one of the project's Redis locks with a way of waiting, or rslock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contender {
+    Project { lock: RedisLock, wait: WaitMode },
+    Rslock,
+}
+
+impl Contender {
+    /// `rslock`, or `<strategy>/<wait>` (`lua-release/notify`).
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        if text == "rslock" {
+            return Ok(Contender::Rslock);
+        }
+        let (strategy, wait) = text
+            .split_once('/')
+            .with_context(|| format!("{text:?}: expected rslock or <strategy>/<wait>"))?;
+        let Strategy::Redis(lock) = strategy.parse::<Strategy>().map_err(anyhow::Error::msg)?
+        else {
+            bail!("{strategy}: only the strategies whose lock lives in Redis can be benched");
+        };
+        let wait = <WaitMode as clap::ValueEnum>::from_str(wait, true)
+            .map_err(|e| anyhow::anyhow!("{wait}: {e}"))?;
+        Ok(Contender::Project { lock, wait })
+    }
+
+    pub fn strategy(self) -> &'static str {
+        match self {
+            Contender::Project { lock, .. } => lock.info().name,
+            Contender::Rslock => "rslock",
+        }
+    }
+
+    pub fn wait(self) -> String {
+        match self {
+            Contender::Project { wait, .. } => clap::ValueEnum::to_possible_value(&wait)
+                .map(|v| v.get_name().to_owned())
+                .unwrap_or_default(),
+            // rslock retries after a random 0-200 ms sleep, three times per `lock()` call.
+            Contender::Rslock => "random-retry".to_owned(),
+        }
+    }
+
+    pub fn label(self) -> String {
+        match self {
+            Contender::Project { .. } => format!("{}/{}", self.strategy(), self.wait()),
+            Contender::Rslock => "rslock".to_owned(),
+        }
+    }
+}
+
+/// How every client of a run behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub duration: Duration,
+    /// How long one acquire may wait before it counts as a timeout.
+    pub wait_budget: Duration,
+    pub ttl: Duration,
+}
+
+impl Default for Load {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(10),
+            wait_budget: Duration::from_secs(10),
+            ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What one client process reports to the parent (one JSON line on its stdout).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ClientReport {
+    pub ops: u64,
+    pub timeouts: u64,
+    pub errors: u64,
+    /// Acquire attempts sent to Redis (the project's locks only; rslock's are counted by
+    /// the parent from `INFO commandstats`).
+    pub attempts: u64,
+    /// Time each successful acquire took, in microseconds.
+    pub acquire_us: Vec<u32>,
+}
+
+/// One line of the bench's output.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunReport {
+    pub strategy: String,
+    pub wait: String,
+    pub clients: usize,
+    pub duration_s: f64,
+    pub ops: u64,
+    pub ops_per_s: f64,
+    pub acquire_ms: Percentiles,
+    pub timeouts: u64,
+    pub errors: u64,
+    /// Critical sections completed minus the increments the counter kept.
+    pub lost_updates: i64,
+    pub fewest_ops: u64,
+    pub most_ops: u64,
+    /// fewest / most: 1 is perfectly fair, 0 means a client was starved.
+    pub fairness: f64,
+    pub attempts_per_cs: f64,
+    /// Every command Redis ran during the run, per critical section.
+    pub commands_per_cs: f64,
+    /// The busiest commands, per critical section.
+    pub commands: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl RunReport {
+    pub fn label(&self) -> String {
+        if self.strategy == "rslock" {
+            self.strategy.clone()
+        } else {
+            format!("{}/{}", self.strategy, self.wait)
+        }
+    }
+}
+
+/// Runs `clients` copies of `exe` (which must answer `child` like `lock-bench` does) against
+/// `redis`, and measures them.
+pub async fn run(
+    redis: &RedisProcess,
+    exe: &Path,
+    contender: Contender,
+    clients: usize,
+    load: Load,
+) -> anyhow::Result<RunReport> {
+    let mut admin = redis.connection().await?;
+    redis::cmd("FLUSHALL").query_async::<()>(&mut admin).await?;
+
+    let mut children = Vec::with_capacity(clients);
+    for id in 0..clients {
+        let mut child = Command::new(exe)
+            .arg("child")
+            .args(["--redis", &redis.url()])
+            .args(["--contender", &contender.label()])
+            .args(["--id", &id.to_string()])
+            .args(["--duration-ms", &load.duration.as_millis().to_string()])
+            .args([
+                "--wait-budget-ms",
+                &load.wait_budget.as_millis().to_string(),
+            ])
+            .args(["--ttl-ms", &load.ttl.as_millis().to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot run {}", exe.display()))?;
+        let stdin = child.stdin.take().context("child stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("child stdout")?).lines();
+        children.push((child, stdin, stdout));
+    }
+    // Everyone connected before anyone starts, so the first seconds are not a race of
+    // process start-ups.
+    for (_, _, stdout) in &mut children {
+        let line = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+            .await
+            .context("a client did not get ready within 30 s")??;
+        if line.as_deref() != Some("ready") {
+            bail!("a client said {line:?} instead of ready");
+        }
+    }
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async::<()>(&mut admin)
+        .await?;
+    let started = Instant::now();
+    for (_, stdin, _) in &mut children {
+        stdin.write_all(b"go\n").await?;
+        stdin.flush().await?;
+    }
+    let mut reports = Vec::with_capacity(clients);
+    for (mut child, _stdin, mut stdout) in children {
+        let line = tokio::time::timeout(load.duration * 3 + load.wait_budget, stdout.next_line())
+            .await
+            .context("a client did not report in time")??
+            .context("a client exited without a report")?;
+        reports.push(serde_json::from_str::<ClientReport>(&line).context("client report")?);
+        let _ = child.wait().await;
+    }
+    let elapsed = started.elapsed().min(load.duration).as_secs_f64().max(1e-9);
+    let counter: Option<i64> = admin.get(COUNTER).await?;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut admin)
+        .await?;
+    Ok(summarize(
+        contender,
+        clients,
+        elapsed,
+        &reports,
+        counter.unwrap_or(0),
+        &parse_commandstats(&stats),
+    ))
+}
+
+fn summarize(
+    contender: Contender,
+    clients: usize,
+    elapsed: f64,
+    reports: &[ClientReport],
+    counter: i64,
+    calls: &BTreeMap<String, u64>,
+) -> RunReport {
+    let ops: u64 = reports.iter().map(|r| r.ops).sum();
+    let per_cs = |n: u64| if ops == 0 { 0.0 } else { n as f64 / ops as f64 };
+    let fewest = reports.iter().map(|r| r.ops).min().unwrap_or(0);
+    let most = reports.iter().map(|r| r.ops).max().unwrap_or(0);
+    let mut acquire: Vec<u32> = reports.iter().flat_map(|r| r.acquire_us.clone()).collect();
+    acquire.sort_unstable();
+    let attempts = match contender {
+        Contender::Project { .. } => reports.iter().map(|r| r.attempts).sum(),
+        // Each rslock attempt is one `SET NX PX`; the clients' own writes are the other SETs.
+        Contender::Rslock => calls.get("set").copied().unwrap_or(0).saturating_sub(ops),
+    };
+    let total: u64 = calls.values().sum();
+    let mut commands: Vec<(&String, &u64)> = calls.iter().collect();
+    commands.sort_by(|a, b| b.1.cmp(a.1));
+    RunReport {
+        strategy: contender.strategy().to_owned(),
+        wait: contender.wait(),
+        clients,
+        duration_s: round(elapsed, 2),
+        ops,
+        ops_per_s: round(ops as f64 / elapsed, 1),
+        acquire_ms: Percentiles {
+            p50: percentile_ms(&acquire, 0.50),
+            p99: percentile_ms(&acquire, 0.99),
+            max: percentile_ms(&acquire, 1.0),
+        },
+        timeouts: reports.iter().map(|r| r.timeouts).sum(),
+        errors: reports.iter().map(|r| r.errors).sum(),
+        lost_updates: ops as i64 - counter,
+        fewest_ops: fewest,
+        most_ops: most,
+        fairness: if most == 0 {
+            0.0
+        } else {
+            round(fewest as f64 / most as f64, 3)
+        },
+        attempts_per_cs: round(per_cs(attempts), 2),
+        commands_per_cs: round(per_cs(total), 2),
+        commands: commands
+            .into_iter()
+            .take(8)
+            .map(|(name, &n)| (name.clone(), round(per_cs(n), 2)))
+            .collect(),
+    }
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (x * scale).round() / scale
+}
+
+fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted_us.len() - 1) as f64 * p).round() as usize;
+    round(f64::from(sorted_us[index]) / 1000.0, 2)
+}
+
+/// `cmdstat_get:calls=3,usec=...` lines, by command, without the bench's own bookkeeping.
+pub fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
+    info.lines()
+        .filter_map(|line| {
+            let (name, fields) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = fields
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .filter(|(name, _)| !(name == "info" || name == "flushall" || name.starts_with("config")))
+        .collect()
+}
+
+/// One client process: connect, say `ready`, wait for `go`, loop for `load.duration`, and
+/// print a [`ClientReport`].
+pub async fn client(
+    redis_url: &str,
+    contender: Contender,
+    id: usize,
+    load: Load,
+) -> anyhow::Result<()> {
+    let mut stdout = tokio::io::stdout();
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    let report = match contender {
+        Contender::Project { lock, wait } => {
+            let store = Store::new(
+                redis_url,
+                ITEM,
+                Duration::from_secs(5),
+                Arc::new(Metrics::default()),
+            )?;
+            let locks = Locks::new(store.clone(), load.ttl, wait, Duration::ZERO);
+            store.ping().await?;
+            // Lets the release listener connect before the clock starts.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            stdout.write_all(b"ready\n").await?;
+            stdout.flush().await?;
+            stdin.next_line().await?;
+            let mut report = project_loop(&store, &locks, Strategy::Redis(lock), id, load).await;
+            report.attempts = locks.attempts();
+            report
+        }
+        Contender::Rslock => {
+            let manager = rslock::LockManager::new(vec![redis_url.to_owned()]);
+            let mut conn = redis::Client::open(redis_url)?
+                .get_multiplexed_async_connection()
+                .await?;
+            redis::cmd("PING").query_async::<()>(&mut conn).await?;
+            stdout.write_all(b"ready\n").await?;
+            stdout.flush().await?;
+            stdin.next_line().await?;
+            rslock_loop(&manager, &mut conn, load).await
+        }
+    };
+    let mut line = serde_json::to_vec(&report)?;
+    line.push(b'\n');
+    stdout.write_all(&line).await?;
+    stdout.flush().await?;
+    Ok(())
+}
+
+async fn project_loop(
+    store: &Store,
+    locks: &Locks,
+    strategy: Strategy,
+    id: usize,
+    load: Load,
+) -> ClientReport {
+    let mut report = ClientReport::default();
+    let end = Instant::now() + load.duration;
+    let mut n = 0u64;
+    while Instant::now() < end {
+        n += 1;
+        let owner: Arc<str> = format!("bench{id}:{n}").into();
+        let started = Instant::now();
+        let guard = match locks
+            .acquire(strategy, &owner, started + load.wait_budget, false)
+            .await
+        {
+            Ok(guard) => guard,
+            Err(LockError::Timeout { .. }) => {
+                report.timeouts += 1;
+                continue;
+            }
+            Err(LockError::Redis(_)) => {
+                report.errors += 1;
+                continue;
+            }
+        };
+        report.acquire_us.push(micros(started.elapsed()));
+        let counted = store
+            .call(|mut c| async move { increment(&mut c).await })
+            .await;
+        if locks.release(guard).await.is_err() || counted.is_err() {
+            report.errors += 1;
+        } else {
+            report.ops += 1;
+        }
+    }
+    report
+}
+
+async fn rslock_loop(
+    manager: &rslock::LockManager,
+    conn: &mut redis::aio::MultiplexedConnection,
+    load: Load,
+) -> ClientReport {
+    let mut report = ClientReport::default();
+    let end = Instant::now() + load.duration;
+    while Instant::now() < end {
+        let started = Instant::now();
+        let guard = match tokio::time::timeout(
+            load.wait_budget,
+            manager.acquire(RSLOCK_RESOURCE, load.ttl),
+        )
+        .await
+        {
+            Ok(Ok(guard)) => guard,
+            Ok(Err(_)) => {
+                report.errors += 1;
+                continue;
+            }
+            Err(_) => {
+                report.timeouts += 1;
+                continue;
+            }
+        };
+        report.acquire_us.push(micros(started.elapsed()));
+        let counted = increment(conn).await;
+        guard.release().await;
+        if counted.is_err() {
+            report.errors += 1;
+        } else {
+            report.ops += 1;
+        }
+    }
+    report
+}
+
+/// The critical section: a read-modify-write that loses updates unless the lock holds.
+async fn increment<C: redis::aio::ConnectionLike + Send>(c: &mut C) -> redis::RedisResult<()> {
+    let value: Option<i64> = redis::cmd("GET").arg(COUNTER).query_async(c).await?;
+    redis::cmd("SET")
+        .arg(COUNTER)
+        .arg(value.unwrap_or(0) + 1)
+        .query_async::<()>(c)
+        .await
+}
+
+fn micros(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commandstats_lines_are_read_by_command_without_the_bench_bookkeeping() {
+        let info = "# Commandstats\r\ncmdstat_get:calls=10,usec=5,usec_per_call=0.5\r\n\
+                    cmdstat_evalsha:calls=4,usec=9\r\ncmdstat_config:calls=1,usec=1\r\n";
+        let calls = parse_commandstats(info);
+        assert_eq!(calls.get("get"), Some(&10));
+        assert_eq!(calls.get("evalsha"), Some(&4));
+        assert_eq!(calls.get("config"), None);
+    }
+
+    #[test]
+    fn contenders_parse_from_their_labels() {
+        for label in ["rslock", "lua-release/notify", "fenced/spin"] {
+            assert_eq!(Contender::parse(label).unwrap().label(), label);
+        }
+        assert!(Contender::parse("atomic/notify").is_err());
+        assert!(Contender::parse("fenced").is_err());
+    }
+
+    #[test]
+    fn a_run_reports_lost_updates_fairness_and_costs_per_critical_section() {
+        let clients = [
+            ClientReport {
+                ops: 10,
+                attempts: 12,
+                acquire_us: vec![1000, 3000],
+                ..ClientReport::default()
+            },
+            ClientReport {
+                ops: 5,
+                attempts: 8,
+                acquire_us: vec![2000],
+                ..ClientReport::default()
+            },
+        ];
+        let calls = BTreeMap::from([("get".to_owned(), 15), ("set".to_owned(), 30)]);
+        let contender = Contender::parse("fenced/notify").unwrap();
+        let report = summarize(contender, 2, 1.0, &clients, 14, &calls);
+        assert_eq!(report.lost_updates, 1);
+        assert_eq!(report.fairness, 0.5);
+        assert_eq!(report.attempts_per_cs, round(20.0 / 15.0, 2));
+        assert_eq!(report.commands_per_cs, 3.0);
+        assert_eq!(report.acquire_ms.max, 3.0);
+        assert_eq!(report.acquire_ms.p50, 2.0);
+        let rslock = summarize(Contender::Rslock, 2, 1.0, &clients, 15, &calls);
+        assert_eq!(rslock.attempts_per_cs, 1.0, "SETs minus the counter writes");
+    }
+}

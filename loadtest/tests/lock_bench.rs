@@ -1,0 +1,38 @@
+//! The lock bench's correctness half, as a test: a short run of real client processes
+//! against a real `redis-server` loses no update and times out nowhere. Speed is the
+//! bench's business (`make bench-lock`), never asserted here.
+
+use std::process::Command;
+
+#[test]
+fn a_short_bench_loses_no_update_and_never_times_out() {
+    let output = Command::new(env!("CARGO_BIN_EXE_lock-bench"))
+        .args([
+            "--clients",
+            "4",
+            "--duration",
+            "2",
+            "--wait-budget",
+            "10",
+            "--check",
+        ])
+        .args([
+            "--contenders",
+            "rslock,lua-release/notify,fenced/notify,reentrant/notify,lua-release/spin",
+        ])
+        .output()
+        .expect("lock-bench runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let runs: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(runs.len(), 5, "{stdout}");
+    for run in &runs {
+        assert_eq!(run["lost_updates"], 0, "{run}");
+        assert_eq!(run["timeouts"], 0, "{run}");
+        assert!(run["ops"].as_u64().unwrap_or(0) > 0, "{run}");
+    }
+}
