@@ -18,14 +18,15 @@
 -- KEYS[6]: the values sold more than once
 -- KEYS[7]: the lock key
 -- KEYS[8]: the count of lock-free writes
--- KEYS[9]: the release signal, so that one waiter on the deleted lock retries at once
+-- KEYS[9]: the release signal, so that one waiter on a deleted lock retries at once
 -- ARGV[1]: the new stock
 -- ARGV[2]: release channel, told so that waiters on a deleted lock retry at once
 -- returns: the new stock
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
-if redis.call('PTTL', KEYS[7]) == -1 then
+local freed = redis.call('PTTL', KEYS[7]) == -1
+if freed then
   redis.call('DEL', KEYS[7])
 end
 local now = redis.call('TIME')
@@ -36,7 +37,9 @@ if tonumber(clock) > count then
 else
   redis.call('INCR', KEYS[8])
 end
-redis.call('PUBLISH', ARGV[2], 'reset')
-redis.call('DEL', KEYS[9])
-redis.call('RPUSH', KEYS[9], 'reset')
+if freed then
+  redis.call('PUBLISH', ARGV[2], 'reset')
+  redis.call('DEL', KEYS[9])
+  redis.call('RPUSH', KEYS[9], 'reset')
+end
 return tonumber(ARGV[1])

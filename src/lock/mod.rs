@@ -340,7 +340,7 @@ impl Locks {
             Strategy::Redis(lock) => {
                 let attempt = self
                     .waiter
-                    .until_acquired(deadline, || self.try_acquire(lock, owner));
+                    .until_acquired(deadline, nested, || self.try_acquire(lock, owner));
                 let fence = match attempt.await {
                     Ok(fence) => fence,
                     Err(LockError::Redis(e)) => {

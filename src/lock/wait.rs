@@ -103,10 +103,13 @@ impl Waiter {
     }
 
     /// Repeats `attempt` until it acquires, the deadline passes, or Redis fails. Returns the
-    /// fencing token of the acquisition, if any.
+    /// fencing token of the acquisition, if any. A `nested` acquire (the holder entering
+    /// again) tries at once: queueing behind the sales that wait for its own lock would only
+    /// make it hold the lock longer.
     pub async fn until_acquired<F, Fut>(
         &self,
         deadline: Instant,
+        nested: bool,
         attempt: F,
     ) -> Result<Option<u64>, LockError>
     where
@@ -114,7 +117,7 @@ impl Waiter {
         Fut: Future<Output = RedisResult<Attempt>>,
     {
         match &self.backend {
-            Backend::Queue(queue) => self.queued(queue, deadline, attempt).await,
+            Backend::Queue(queue) => self.queued(queue, deadline, nested, attempt).await,
             Backend::Spin | Backend::PubSub(_) => self.retried(deadline, attempt).await,
         }
     }
@@ -123,6 +126,7 @@ impl Waiter {
         &self,
         queue: &Queue,
         deadline: Instant,
+        nested: bool,
         mut attempt: F,
     ) -> Result<Option<u64>, LockError>
     where
@@ -133,7 +137,7 @@ impl Waiter {
         let mut signalled = false;
         let mut saw_busy = false;
         let mut queued_before = false;
-        if queue.contended.load(Ordering::Relaxed) {
+        if !nested && queue.contended.load(Ordering::Relaxed) {
             let bound = (started + queue.yield_bound()).min(deadline);
             signalled = queue.register(false).wait_until(bound).await;
             queued_before = true;
