@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+pub use crate::lock::wait::WaitMode;
+
 use crate::lock::Strategy;
 
 /// An inventory-sale service whose sale is guarded by a switchable distributed lock.
@@ -124,19 +126,6 @@ pub struct Config {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-/// How a sale waits for a lock held by someone else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum WaitMode {
-    /// Sleep until a release's signal wakes this waiter (one waiter per release across all
-    /// instances, in turn) or the holder's lease runs out.
-    Notify,
-    /// The previous wake-up, for comparison: every release is published to every instance,
-    /// and each wakes one of its waiters.
-    Pubsub,
-    /// Retry every 20 ms, as the tutorial does (for comparison).
-    Spin,
 }
 
 impl Config {

@@ -30,9 +30,9 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::Instant;
 use utoipa::ToSchema;
 
-use crate::config::WaitMode;
 use crate::store::Store;
 use renewal::Renewal;
+use wait::WaitMode;
 use wait::Waiter;
 
 pub use atomic::sell as atomic_sell;

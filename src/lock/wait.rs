@@ -43,8 +43,20 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use super::{Attempt, LockError};
-use crate::config::WaitMode;
 use crate::store::Keys;
+
+/// How a sale waits for a lock held by someone else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WaitMode {
+    /// Sleep until a release's signal wakes this waiter (one waiter per release across all
+    /// instances, in turn) or the holder's lease runs out.
+    Notify,
+    /// The previous wake-up, for comparison: every release is published to every instance,
+    /// and each wakes one of its waiters.
+    Pubsub,
+    /// Retry every 20 ms, as the tutorial does (for comparison).
+    Spin,
+}
 
 /// The tutorial's retry interval.
 const SPIN_INTERVAL: Duration = Duration::from_millis(20);

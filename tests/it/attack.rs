@@ -144,7 +144,8 @@ async fn attack_a_reset_lets_a_naive_release_delete_the_next_holders_lock() {
         };
         let (a, (b, c)) = tokio::join!(a, rest);
         let audit = app1.audit().await;
-        let sold = [&b, &c].iter().filter(|r| r.status == 200).count() as i64;
+        // `a` may read after the reset on a loaded machine, and then sells rightly.
+        let sold = [&a, &b, &c].iter().filter(|r| r.status == 200).count() as i64;
         let ok = audit["clean"] == true && audit["sales"].as_i64() == Some(sold);
         if !ok {
             broken.push(format!(
