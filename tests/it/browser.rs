@@ -5,13 +5,17 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use fantoccini::{ClientBuilder, Locator};
+use loadtest::procs::{DEFAULT_GRACE, ProcessGroup};
+use nix::sys::signal::Signal;
 use serde_json::json;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::harness::{Cluster, free_port};
 
+/// chromedriver and the Chromium it starts, in one process group: a test that panics with a
+/// session open still leaves no browser behind.
 struct ChromeDriver {
-    _child: Child,
+    _process: ProcessGroup,
     port: u16,
 }
 
@@ -22,12 +26,12 @@ impl ChromeDriver {
             .find(|p| std::path::Path::new(p).exists())
             .expect("chromedriver is not installed (`make test` installs chromium-driver)");
         let port = free_port();
-        let child = Command::new(driver)
+        let mut command = Command::new(driver);
+        command
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
+            .stderr(Stdio::null());
+        let process = ProcessGroup::spawn(&mut command, Signal::SIGTERM, DEFAULT_GRACE)
             .expect("run chromedriver");
         let status = format!("http://127.0.0.1:{port}/status");
         for _ in 0..200 {
@@ -36,7 +40,7 @@ impl ChromeDriver {
                 .is_ok_and(|r| r.status().is_success())
             {
                 return Self {
-                    _child: child,
+                    _process: process,
                     port,
                 };
             }

@@ -5,13 +5,16 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use loadtest::procs::{DEFAULT_GRACE, ProcessGroup};
+use nix::sys::signal::Signal;
 
 use crate::harness::{Cluster, Stack, free_port, repo_path};
 
@@ -574,8 +577,10 @@ fn nginx_command(conf: Conf, dir: &Path, path: &Path) -> Command {
 }
 
 /// nginx on a rendered configuration, killed on drop.
+/// nginx in its own process group: stopping (or dropping) it stops its workers too, which a
+/// kill of the master alone leaves running.
 struct Proxy {
-    child: Child,
+    process: ProcessGroup,
     port: u16,
     dir: TempDir,
 }
@@ -587,16 +592,18 @@ impl Proxy {
             let dir = tempfile::tempdir().unwrap();
             let port = free_port();
             let path = render(conf, dir.path(), port, upstreams, edits);
-            let child = nginx_command(conf, dir.path(), &path)
+            let mut command = nginx_command(conf, dir.path(), &path);
+            command
                 .args(["-g", "daemon off;"])
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
+                .stderr(Stdio::null());
+            let mut command = tokio::process::Command::from(command);
+            let process = ProcessGroup::spawn(&mut command, Signal::SIGQUIT, DEFAULT_GRACE)
                 .expect("run nginx");
-            let mut proxy = Proxy { child, port, dir };
+            let proxy = Proxy { process, port, dir };
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
-                if matches!(proxy.child.try_wait(), Ok(Some(_))) {
+                if proxy.process.has_exited() {
                     break;
                 }
                 if TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
@@ -616,13 +623,6 @@ impl Proxy {
 
     fn access_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("nginx-access.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -1130,4 +1130,29 @@ async fn a_client_over_its_connection_limit_gets_a_json_429() {
         assert_eq!(body["error"], "too_many_requests");
     }
     held.abort();
+}
+
+/// The nginx these tests start for themselves must not outlive them either: dropping a
+/// `Proxy` (as a finished or panicking test does) leaves nothing of its process group.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_test_nginx_leaves_no_worker_behind() {
+    use loadtest::procs::ProcStat;
+    let proxy = Proxy::start(Conf::Compose, [free_port(), free_port()], &[]).await;
+    let master = proxy.process.id().expect("nginx runs");
+    let group = |pgrp: u32| {
+        ProcStat::all()
+            .into_iter()
+            .filter(|p| p.pgrp == pgrp && !p.is_zombie())
+            .count()
+    };
+    assert!(
+        group(master) >= 2,
+        "the scan sees the master and its workers"
+    );
+    drop(proxy);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while group(master) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(group(master), 0, "nginx processes survived their test");
 }
