@@ -612,11 +612,16 @@ async fn collect(
     }
 }
 
-/// nginx in front of instances, from the native stack's template, on a free port (for the
-/// benchmarks; the integration tests have their own in their harness).
+/// nginx in front of two instances, from the native stack's template, on a free port, for
+/// the benchmarks and the integration tests. The master leads the group its workers
+/// inherit; it is stopped with SIGQUIT (finish the requests in flight), then SIGKILL to the
+/// group: a master killed alone leaves its workers running, adopted by init, still
+/// listening.
 pub struct NginxProcess {
     process: ProcessGroup,
     pub port: u16,
+    /// Configuration, logs and working directory; removed after the process is gone (fields
+    /// drop in order).
     dir: TempDir,
 }
 
@@ -651,7 +656,9 @@ impl NginxProcess {
                 .arg(dir.path())
                 .arg("-c")
                 .arg(&conf_path)
+                // In the foreground, so it stays our child and keeps the group we give it.
                 .args(["-g", "daemon off;"])
+                .current_dir(dir.path())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
             // Its own group, stopped with nginx's graceful SIGQUIT: the workers go too.
@@ -689,6 +696,24 @@ impl NginxProcess {
 
     pub fn error_log(&self) -> String {
         read_log(&self.dir.path().join("nginx-error.log"))
+    }
+
+    pub fn access_log(&self) -> String {
+        read_log(&self.dir.path().join("nginx-access.log"))
+    }
+
+    /// Graceful stop (SIGQUIT), bounded, then SIGKILL to whatever is left of the group.
+    pub async fn stop(&mut self) {
+        self.process.stop().await;
+    }
+
+    /// The master's pid, which is also its group's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.id()
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 }
 

@@ -1,7 +1,7 @@
 //! Real processes for the tests, on free ports, each killed when its handle is dropped:
-//! `redis-server` and `inventory` come from `loadtest::procs` (the fault scenarios start
-//! theirs the same way); nginx is rendered from the native stack's template. A failure to
-//! start puts the process's log into the panic message.
+//! `redis-server`, `inventory` and nginx come from `loadtest::procs` (the fault scenarios
+//! and the benchmarks start theirs the same way). A failure to start puts the process's log
+//! into the panic message.
 //!
 //! Each runs in a process group and a temporary working directory of its own, and is
 //! stopped with its whole group (`loadtest::procs::ProcessGroup`), also when a test panics:
@@ -9,21 +9,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use loadtest::procs::{DEFAULT_GRACE, InventoryProcess, ProcessGroup, RedisProcess, default_env};
-use nix::sys::signal::Signal;
+use loadtest::procs::{InventoryProcess, RedisProcess, default_env};
 use redis::aio::MultiplexedConnection;
 use serde_json::Value;
-use tempfile::TempDir;
 
 pub fn free_port() -> u16 {
     loadtest::procs::free_port().expect("no free port on 127.0.0.1")
-}
-
-fn read_log(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log at {}: {e})", path.display()))
 }
 
 pub struct RedisServer(RedisProcess);
@@ -322,102 +315,7 @@ impl Cluster {
 }
 
 /// A real nginx in front of the instances, rendered from the native stack's template.
-pub struct Nginx {
-    /// The master, leading the group its workers inherit. Stopped with SIGQUIT (finish the
-    /// requests in flight), then SIGKILL to the group: a master killed alone leaves its
-    /// workers running, adopted by init, still listening.
-    process: ProcessGroup,
-    pub port: u16,
-    /// Configuration, logs and working directory; removed after the process is gone (fields
-    /// drop in order).
-    dir: TempDir,
-}
-
-impl Nginx {
-    pub async fn start(upstreams: [u16; 2]) -> Self {
-        let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())
-            .expect("nginx is not installed (`make test` installs it: apt-get install nginx)");
-        let template = std::fs::read_to_string(repo_path("nginx/nginx.native.conf.template"))
-            .expect("nginx template");
-        let mut last_log = String::new();
-        for _ in 0..5 {
-            let dir = tempfile::tempdir().expect("temp dir");
-            std::fs::create_dir_all(dir.path().join("nginx-tmp")).expect("nginx temp dir");
-            let port = free_port();
-            let conf = template
-                .replace("@RUN_DIR@", &dir.path().display().to_string())
-                .replace("@CONF_DIR@", &repo_path("nginx").display().to_string())
-                .replace("@NGINX_PORT@", &port.to_string())
-                .replace("@APP1_PORT@", &upstreams[0].to_string())
-                .replace("@APP2_PORT@", &upstreams[1].to_string());
-            let conf_path = dir.path().join("nginx.conf");
-            std::fs::write(&conf_path, conf).expect("write nginx.conf");
-            let error_log = dir.path().join("nginx-error.log");
-            let mut command = tokio::process::Command::new(nginx);
-            command
-                .arg("-e")
-                .arg(&error_log)
-                .arg("-p")
-                .arg(dir.path())
-                .arg("-c")
-                .arg(&conf_path)
-                // In the foreground, so it stays our child and keeps the group we give it.
-                .args(["-g", "daemon off;"])
-                .current_dir(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            let process = ProcessGroup::spawn(&mut command, Signal::SIGQUIT, DEFAULT_GRACE)
-                .expect("run nginx");
-            let mut server = Nginx { process, port, dir };
-            if server.wait_listening(Duration::from_secs(5)).await {
-                return server;
-            }
-            last_log = read_log(&error_log);
-        }
-        panic!("nginx did not start; its error log:\n{last_log}");
-    }
-
-    async fn wait_listening(&mut self, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if self.process.has_exited() {
-                return false;
-            }
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-                .await
-                .is_ok()
-            {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        false
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    pub fn access_log(&self) -> String {
-        read_log(&self.dir.path().join("nginx-access.log"))
-    }
-
-    /// Graceful stop (SIGQUIT), bounded, then SIGKILL to whatever is left of the group.
-    pub async fn stop(&mut self) {
-        self.process.stop().await;
-    }
-
-    /// The master's pid, which is also its group's id.
-    pub fn pid(&self) -> Option<u32> {
-        self.process.id()
-    }
-
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
+pub use loadtest::procs::NginxProcess as Nginx;
 
 pub fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
@@ -433,7 +331,9 @@ pub struct Stack {
 impl Stack {
     pub async fn start(configure: impl Fn(InstanceBuilder) -> InstanceBuilder) -> Self {
         let cluster = Cluster::start(2, configure).await;
-        let nginx = Nginx::start([cluster.instances[0].port, cluster.instances[1].port]).await;
+        let nginx = Nginx::start([cluster.instances[0].port, cluster.instances[1].port])
+            .await
+            .expect("nginx starts");
         Self {
             cluster,
             nginx,
