@@ -603,6 +603,10 @@ async fn process_pause(env: &Env, strategy: Strategy) -> anyhow::Result<(Observe
     let observed = if b.status != 200 {
         // The other instance never sold during the pause: the lock did not change hands.
         Observed::Missed
+    } else if a.code() == "lock_lost" {
+        // Woken with both its work and its renewal overdue, the holder's renewal ran first
+        // and it noticed before writing: the write this scenario is about never happened.
+        Observed::Missed
     } else if a.status == 200 && !audit.clean {
         Observed::Flaw
     } else if a.status == 409 && audit.clean {
