@@ -19,8 +19,9 @@ use crate::metrics::Metrics;
 use crate::sale::Seller;
 use crate::store::Store;
 
-/// Builds the application. Redis is not contacted here: an instance starts while Redis is
-/// down, reports not-ready, and connects as soon as it can.
+/// Builds the application; must be called inside a Tokio runtime. Redis is not waited for:
+/// an instance starts while Redis is down, reports not-ready, and connects as soon as it
+/// can; a task only says at start-up what is wrong with it, if anything.
 pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
     let instance = config.instance_name();
     // The URL may hold a password: it stays out of the error.
@@ -32,6 +33,7 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
     )
     .map_err(|e| anyhow::anyhow!("REDIS_URL is not a valid Redis URL ({:?})", e.kind()))?
     .with_ledger_cap(config.ledger_max);
+    tokio::spawn(report_redis_at_start(store.clone()));
     let locks = Locks::new(
         store.clone(),
         config.lock_ttl(),
@@ -75,8 +77,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         wait_ms = config.lock_wait_ms,
         "listening"
     );
-    tokio::spawn(report_redis_at_start(config.clone()));
-
     // HTTP/1.1 only (nginx and every client here speak it): the auto-detecting builder
     // reads a first byte before any timer runs, so a client that connects and sends
     // nothing would be kept forever.
@@ -136,15 +136,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// Says at start-up what is wrong with Redis, when something is: a wrong password fails
 /// every sale, and should not first be discovered by a buyer.
-async fn report_redis_at_start(config: Config) {
-    let Ok(store) = Store::new(
-        &config.redis_url,
-        &config.item_id,
-        config.redis_timeout(),
-        Arc::new(Metrics::default()),
-    ) else {
-        return;
-    };
+async fn report_redis_at_start(store: Store) {
     match store.ping().await {
         Ok(()) => tracing::info!("redis reachable"),
         Err(e) if crate::store::is_auth_error(&e) => tracing::error!(

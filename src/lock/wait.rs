@@ -155,26 +155,45 @@ impl Waiter {
             queued_before = true;
         }
         loop {
-            self.attempts.fetch_add(1, Ordering::Relaxed);
-            let retry_in = match attempt().await? {
-                Attempt::Acquired { fence } => {
+            let lease_end = match self.attempt(&mut attempt, started, deadline).await? {
+                Tried::Acquired(fence) => {
                     queue.learn(saw_busy || signalled, started.elapsed());
                     return Ok(fence);
                 }
-                Attempt::Busy { retry_in } => retry_in,
+                Tried::Busy { lease_end } => lease_end,
             };
             saw_busy = true;
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(LockError::Timeout {
-                    waited: now - started,
-                });
-            }
-            let lease_end = retry_in.map_or(deadline, |r| (now + r).min(deadline));
             // A sale that has waited already goes back to the front, ahead of newcomers.
             signalled = queue.register(queued_before).wait_until(lease_end).await;
             queued_before = true;
         }
+    }
+
+    /// One counted attempt: acquired, or busy until the holder's lease ends (or the
+    /// deadline, whichever is first); busy at the deadline is a timeout.
+    async fn attempt<F, Fut>(
+        &self,
+        attempt: &mut F,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Tried, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = RedisResult<Attempt>>,
+    {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        let retry_in = match attempt().await? {
+            Attempt::Acquired { fence } => return Ok(Tried::Acquired(fence)),
+            Attempt::Busy { retry_in } => retry_in,
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(LockError::Timeout {
+                waited: now - started,
+            });
+        }
+        let lease_end = retry_in.map_or(deadline, |r| (now + r).min(deadline));
+        Ok(Tried::Busy { lease_end })
     }
 
     /// The pub/sub and spin waits: try, then sleep until a release is heard (or 20 ms pass).
@@ -198,18 +217,11 @@ impl Waiter {
                 // Registered before the attempt, so a release published in between counts.
                 released.enable();
             }
-            self.attempts.fetch_add(1, Ordering::Relaxed);
-            let retry_in = match attempt().await? {
-                Attempt::Acquired { fence } => return Ok(fence),
-                Attempt::Busy { retry_in } => retry_in,
+            let lease_end = match self.attempt(&mut attempt, started, deadline).await? {
+                Tried::Acquired(fence) => return Ok(fence),
+                Tried::Busy { lease_end } => lease_end,
             };
             let now = Instant::now();
-            if now >= deadline {
-                return Err(LockError::Timeout {
-                    waited: now - started,
-                });
-            }
-            let lease_end = retry_in.map_or(deadline, |r| (now + r).min(deadline));
             match released.as_pin_mut() {
                 Some(released) if self.mode == WaitMode::Pubsub => {
                     tokio::select! {
@@ -221,6 +233,12 @@ impl Waiter {
             }
         }
     }
+}
+
+/// What one attempt found.
+enum Tried {
+    Acquired(Option<u64>),
+    Busy { lease_end: Instant },
 }
 
 impl Drop for Waiter {
