@@ -71,6 +71,7 @@ fmt-check:
 
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@$(PYTHON) scripts/module-graph.py >/dev/null
 
 unit:
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \

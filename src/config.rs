@@ -8,7 +8,7 @@ use clap::{Parser, ValueEnum};
 
 pub use crate::lock::wait::WaitMode;
 
-use crate::lock::Strategy;
+use crate::strategy::Strategy;
 
 /// An inventory-sale service whose sale is guarded by a switchable distributed lock.
 #[derive(Debug, Clone, Parser)]
@@ -30,6 +30,11 @@ pub struct Config {
         hide_env_values = true
     )]
     pub redis_url: String,
+
+    /// Independent Redis nodes for a lock that a majority of them must grant, as
+    /// comma-separated URLs (`redis://host:port,...`); the stock stays on `REDIS_URL`.
+    #[arg(long, env = "LOCK_NODES", value_parser = LockNodes::parse, hide_env_values = true)]
+    pub lock_nodes: Option<LockNodes>,
 
     /// Name reported in `X-Instance` and in every sale; defaults to `<host>:<port>`.
     #[arg(long, env = "INSTANCE_NAME")]
@@ -156,6 +161,56 @@ impl Config {
     }
 }
 
+/// The nodes of `LOCK_NODES`, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockNodes(pub Vec<String>);
+
+impl LockNodes {
+    /// Every node must be a Redis URL the client accepts, and none may appear twice (a
+    /// node counted twice would vote twice). Errors name the node with its password hidden.
+    pub fn parse(list: &str) -> Result<Self, String> {
+        let mut nodes: Vec<String> = Vec::new();
+        for (i, url) in list.split(',').map(str::trim).enumerate() {
+            let node = i + 1;
+            if url.is_empty() {
+                return Err(format!(
+                    "LOCK_NODES: node {node} is empty; give comma-separated URLs such as \
+                     redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003"
+                ));
+            }
+            if let Err(e) = redis::Client::open(url) {
+                return Err(format!(
+                    "LOCK_NODES: node {node} ({}) is not a Redis URL: {:?}",
+                    redact(url),
+                    e.kind()
+                ));
+            }
+            if nodes.iter().any(|n| n == url) {
+                return Err(format!(
+                    "LOCK_NODES: node {node} ({}) is listed twice",
+                    redact(url)
+                ));
+            }
+            nodes.push(url.to_owned());
+        }
+        Ok(Self(nodes))
+    }
+}
+
+/// A Redis URL fit for a log line or an error: any password replaced by `***`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 fn parse_admin_token(token: &str) -> Result<String, String> {
     if token.trim().is_empty() {
         Err(
@@ -192,6 +247,28 @@ fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_nodes_are_checked_one_by_one_and_never_print_a_password() {
+        let nodes = LockNodes::parse("redis://127.0.0.1:7001, redis://127.0.0.1:7002").unwrap();
+        assert_eq!(nodes.0.len(), 2);
+        for (bad, names) in [
+            ("redis://a:1,,redis://b:2", "node 2"),
+            ("redis://:s3cret@a:1,http://:s3cret@b:2", "node 2"),
+            ("redis://:s3cret@a:1,redis://:s3cret@a:1", "listed twice"),
+        ] {
+            let err = LockNodes::parse(bad).unwrap_err();
+            assert!(err.contains(names), "{err}");
+            assert!(!err.contains("s3cret"), "{err}");
+        }
+    }
+
+    #[test]
+    fn redacting_keeps_the_user_and_the_host() {
+        assert_eq!(redact("redis://u:p@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("redis://:p@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
 
     #[test]
     fn item_ids_that_could_escape_their_key_are_refused() {

@@ -30,3 +30,4 @@ pub mod names;
 pub mod sale;
 pub mod server;
 pub mod store;
+pub mod strategy;

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::lock::Strategy;
+use crate::strategy::Strategy;
 
 /// How a sale ended, as counted in `inventory_sales_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,7 +228,7 @@ mod tests {
         m.sale(Strategy::Atomic, Outcome::Sold);
         m.sale(Strategy::Atomic, Outcome::Sold);
         m.sale(
-            Strategy::Redis(crate::lock::RedisLock::Fenced),
+            Strategy::Redis(crate::strategy::RedisLock::Fenced),
             Outcome::StaleFence,
         );
         let text = m.render();

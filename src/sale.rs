@@ -12,9 +12,10 @@ use utoipa::ToSchema;
 
 use crate::idempotency;
 use crate::idempotency::{Claim, Next, Prior, SoldEntry};
-use crate::lock::{Guard, LockError, Locks, Strategy, atomic_sell};
+use crate::lock::{Guard, LockError, Locks, atomic_sell};
 use crate::metrics::Outcome;
 use crate::store::{Entry, Recorded, StockRead, Store};
+use crate::strategy::Strategy;
 
 /// The hard ceiling of simulated business time; the configured one (`MAX_WORK_MS`) is
 /// usually far lower.

@@ -39,7 +39,8 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
         config.lock_ttl(),
         config.lock_wait,
         Duration::from_millis(config.release_gap_ms),
-    );
+    )
+    .with_nodes(lock_nodes(config, store.metrics_handle())?);
     let state = AppState {
         seller: Seller {
             instance: instance.clone(),
@@ -54,6 +55,33 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
         body_timeout: config.header_timeout(),
     };
     http::app(state, &instance)
+}
+
+/// One store per `LOCK_NODES` node, each with the item's key names and its own connection;
+/// like the stock's, none is contacted before it is needed.
+fn lock_nodes(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Vec<Store>> {
+    let Some(nodes) = &config.lock_nodes else {
+        return Ok(Vec::new());
+    };
+    nodes
+        .0
+        .iter()
+        .map(|url| {
+            Store::new(
+                url,
+                &config.item_id,
+                config.redis_timeout(),
+                metrics.clone(),
+            )
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "LOCK_NODES: {} is not a valid Redis URL ({:?})",
+                    crate::config::redact(url),
+                    e.kind()
+                )
+            })
+        })
+        .collect()
 }
 
 /// Serves until Ctrl-C or SIGTERM; then stops accepting, lets the sales in flight finish

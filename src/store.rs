@@ -242,6 +242,11 @@ impl Store {
         &self.metrics
     }
 
+    /// The metrics this store records into, for another store that should count with it.
+    pub fn metrics_handle(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
     pub fn client(&self) -> &Client {
         &self.client
     }

@@ -19,9 +19,9 @@ use utoipa_axum::routes;
 use super::extract::{Admin, ApiJson, ApiQuery};
 use super::{ApiError, AppState, ErrorBody, TAG_INVENTORY, TAG_SALE};
 use crate::idempotency;
-use crate::lock::Strategy;
 use crate::sale::{MAX_WORK_MS, SaleRequest, Sold};
 use crate::store::{Audit, Inventory};
+use crate::strategy::Strategy;
 
 /// Largest stock a reset accepts.
 pub const MAX_STOCK: i64 = 1_000_000_000;

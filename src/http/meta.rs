@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{ApiError, AppState, ErrorBody, TAG_SERVICE};
-use crate::lock::{Strategy, StrategyInfo};
+use crate::strategy::{Strategy, StrategyInfo};
 
 pub fn router() -> OpenApiRouter<Arc<AppState>> {
     OpenApiRouter::new()

@@ -21,8 +21,8 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::lock::Strategy;
 use crate::sale::Seller;
+use crate::strategy::Strategy;
 pub use error::{ApiError, ErrorBody};
 
 pub const TAG_SALE: &str = "sale";

@@ -10,45 +10,42 @@ use std::sync::atomic::Ordering;
 
 use redis::RedisResult;
 
-use super::{Attempt, LockCx, Released, StrategyInfo};
+use super::reentrant::Reentrant;
+use super::watchdog::Watchdog;
+use super::{Attempt, LockCx, RedisLockOps, Released};
 use crate::store::scripts;
 
-pub(super) const INFO: StrategyInfo = StrategyInfo {
-    name: "fenced",
-    aliases: &[],
-    seed: "beyond",
-    protocol: "watchdog + fencing token (INCR with the acquire), checked by the stock read and write",
-    fixes: "a paused holder's late write is refused instead of applied",
-    flaw: "protects only the writes that check the token; one Redis node is a single point of failure",
-    reentrant: true,
-    renews: true,
-    fenced: true,
-    distributed: true,
-};
+pub(super) struct Fenced;
 
-pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-    let keys = &cx.store.keys;
-    let newest = cx.newest_fence.load(Ordering::Acquire);
-    let reply = cx
-        .store
-        .call(|mut c| async move {
-            scripts::LOCK_FENCED
-                .key(&keys.lock)
-                .key(&keys.fence)
-                .arg(owner)
-                .arg(super::reentrant::millis(cx.ttl))
-                .arg(newest)
-                .invoke_async(&mut c)
-                .await
-        })
-        .await?;
-    let attempt = Attempt::from_script(reply, true);
-    if let Attempt::Acquired { fence: Some(token) } = attempt {
-        cx.newest_fence.fetch_max(token, Ordering::AcqRel);
+impl RedisLockOps for Fenced {
+    async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
+        let keys = &cx.store.keys;
+        let newest = cx.newest_fence.load(Ordering::Acquire);
+        let reply = cx
+            .store
+            .call(|mut c| async move {
+                scripts::LOCK_FENCED
+                    .key(&keys.lock)
+                    .key(&keys.fence)
+                    .arg(owner)
+                    .arg(super::reentrant::millis(cx.ttl))
+                    .arg(newest)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let attempt = Attempt::from_script(reply, true);
+        if let Attempt::Acquired { fence: Some(token) } = attempt {
+            cx.newest_fence.fetch_max(token, Ordering::AcqRel);
+        }
+        Ok(attempt)
     }
-    Ok(attempt)
-}
 
-pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
-    super::reentrant::release(cx, owner).await
+    async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
+        Reentrant::release(cx, owner).await
+    }
+
+    async fn renew(cx: &LockCx, owner: &str) -> RedisResult<bool> {
+        Watchdog::renew(cx, owner).await
+    }
 }

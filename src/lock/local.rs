@@ -8,21 +8,6 @@ use std::sync::Arc;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::Instant;
 
-use super::StrategyInfo;
-
-pub(super) const INFO: StrategyInfo = StrategyInfo {
-    name: "local",
-    aliases: &["v1", "v2"],
-    seed: "v1/v2",
-    protocol: "process-local mutex",
-    fixes: "lost updates between sales of one instance",
-    flaw: "correct on one instance, oversells behind nginx with two",
-    reentrant: false,
-    renews: false,
-    fenced: false,
-    distributed: false,
-};
-
 /// A tokio mutex, not a std one: the guard is held across the awaits of the sale.
 /// `None` when the deadline passed first.
 pub(super) async fn acquire(

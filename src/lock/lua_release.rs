@@ -5,43 +5,34 @@
 
 use redis::RedisResult;
 
-use super::{Attempt, LockCx, Released, StrategyInfo};
+use super::{Attempt, LockCx, RedisLockOps, Released};
 use crate::store::scripts;
 
-pub(super) const INFO: StrategyInfo = StrategyInfo {
-    name: "lua-release",
-    aliases: &["v6"],
-    seed: "v6",
-    protocol: "SET NX PX ttl; compare-and-delete in one Lua script",
-    fixes: "the release can no longer delete a lock that changed hands",
-    flaw: "not reentrant: a nested acquire by the same sale waits on itself",
-    reentrant: false,
-    renews: false,
-    fenced: false,
-    distributed: true,
-};
+pub(super) struct LuaRelease;
 
-pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-    super::set_nx(cx, owner, Some(cx.ttl)).await
-}
+impl RedisLockOps for LuaRelease {
+    async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
+        super::set_nx(cx, owner, Some(cx.ttl)).await
+    }
 
-pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
-    let keys = &cx.store.keys;
-    let deleted: i64 = cx
-        .store
-        .call(|mut c| async move {
-            scripts::UNLOCK_OWNED
-                .key(&keys.lock)
-                .key(&keys.signal)
-                .arg(owner)
-                .arg(&keys.released)
-                .invoke_async(&mut c)
-                .await
+    async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
+        let keys = &cx.store.keys;
+        let deleted: i64 = cx
+            .store
+            .call(|mut c| async move {
+                scripts::UNLOCK_OWNED
+                    .key(&keys.lock)
+                    .key(&keys.signal)
+                    .arg(owner)
+                    .arg(&keys.released)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(if deleted == 1 {
+            Released::Freed
+        } else {
+            Released::NotHeld
         })
-        .await?;
-    Ok(if deleted == 1 {
-        Released::Freed
-    } else {
-        Released::NotHeld
-    })
+    }
 }

@@ -1,10 +1,13 @@
 //! The locks, one file per strategy in the tutorial's order, each opening with what it is,
 //! what it fixes and what it still gets wrong.
 //!
-//! Every Redis strategy has the same two verbs, `try_acquire` (one attempt, never waits) and
-//! `release`; [`Locks`] adds what they share: waiting for a held lock ([`wait`]), renewing a
-//! lease ([`renewal`]) and the per-process mutex of `local`. Dispatch is an exhaustive
-//! `match`: a new strategy is a file, a variant and an arm.
+//! Every Redis strategy implements the same verbs ([`RedisLockOps`]): `try_acquire` (one
+//! attempt, never waits), `release`, and `renew` for those that renew. [`Locks`] adds what
+//! they share: waiting for a held lock ([`wait`]), renewing a lease ([`renewal`]) and the
+//! per-process mutex of `local`. The catalogue (names, flaws, properties) is data in
+//! [`crate::strategy`]; [`on_lock!`] maps each `RedisLock` variant to the type that
+//! implements it, so a new strategy is a file here, a variant and a row there, and one arm
+//! of that macro. Locks spanning several Redis nodes find them in [`LockCx::nodes`].
 
 mod atomic;
 mod fenced;
@@ -19,171 +22,20 @@ mod setnx_ttl;
 pub mod wait;
 mod watchdog;
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{RedisError, RedisResult};
-use serde::Serialize;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::Instant;
-use utoipa::ToSchema;
 
 use crate::store::Store;
+pub use crate::strategy::{RedisLock, Strategy};
 use renewal::Renewal;
 use wait::WaitMode;
 use wait::Waiter;
 
 pub use atomic::sell as atomic_sell;
-
-/// A way of guarding the sale, by its stable name (`GET /strategies` lists them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Strategy {
-    None,
-    Local,
-    Redis(RedisLock),
-    Atomic,
-}
-
-/// The strategies whose lock lives in Redis, and so is shared by every instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RedisLock {
-    Setnx,
-    SetnxTtl,
-    OwnerCheck,
-    LuaRelease,
-    Reentrant,
-    Watchdog,
-    Fenced,
-}
-
-/// One row of the strategy table: what the strategy is, and what it still gets wrong.
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
-#[schema(example = json!({"name": "setnx-ttl", "aliases": ["v4"], "seed": "v4",
-    "protocol": "SET NX PX ttl, DEL to release",
-    "fixes": "a crashed holder no longer blocks every later sale: the key expires",
-    "flaw": "work longer than the TTL: the late holder DELs someone else's lock",
-    "reentrant": false, "renews": false, "fenced": false, "distributed": true}))]
-pub struct StrategyInfo {
-    pub name: &'static str,
-    /// Other names accepted for it (the tutorial's version numbers).
-    pub aliases: &'static [&'static str],
-    /// The tutorial version it reproduces, or `beyond`.
-    pub seed: &'static str,
-    pub protocol: &'static str,
-    pub fixes: &'static str,
-    /// The flaw it exists to show.
-    pub flaw: &'static str,
-    /// A nested acquire by the same sale succeeds.
-    pub reentrant: bool,
-    /// The lease is renewed while the lock is held.
-    pub renews: bool,
-    /// The stock write checks a fencing token.
-    pub fenced: bool,
-    /// Safe across instances (the lock, or the sale itself, lives in Redis).
-    pub distributed: bool,
-}
-
-impl Strategy {
-    /// Every strategy, in the order of the story.
-    pub const ALL: [Strategy; 10] = [
-        Strategy::None,
-        Strategy::Local,
-        Strategy::Redis(RedisLock::Setnx),
-        Strategy::Redis(RedisLock::SetnxTtl),
-        Strategy::Redis(RedisLock::OwnerCheck),
-        Strategy::Redis(RedisLock::LuaRelease),
-        Strategy::Redis(RedisLock::Reentrant),
-        Strategy::Redis(RedisLock::Watchdog),
-        Strategy::Redis(RedisLock::Fenced),
-        Strategy::Atomic,
-    ];
-
-    pub fn info(self) -> &'static StrategyInfo {
-        match self {
-            Strategy::None => &none::INFO,
-            Strategy::Local => &local::INFO,
-            Strategy::Redis(lock) => lock.info(),
-            Strategy::Atomic => &atomic::INFO,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        self.info().name
-    }
-
-    /// Every accepted spelling: the names, then the aliases.
-    pub fn accepted_names() -> Vec<&'static str> {
-        let names = Self::ALL.iter().map(|s| s.name());
-        let aliases = Self::ALL
-            .iter()
-            .flat_map(|s| s.info().aliases.iter().copied());
-        let mut all: Vec<_> = names.collect();
-        let mut aliases: Vec<_> = aliases.collect();
-        aliases.sort_unstable();
-        all.extend(aliases);
-        all
-    }
-}
-
-impl RedisLock {
-    /// Whether its release deletes the lock only for its owner, in one atomic step.
-    pub fn release_checks_owner(self) -> bool {
-        match self {
-            RedisLock::Setnx | RedisLock::SetnxTtl | RedisLock::OwnerCheck => false,
-            RedisLock::LuaRelease
-            | RedisLock::Reentrant
-            | RedisLock::Watchdog
-            | RedisLock::Fenced => true,
-        }
-    }
-
-    pub fn info(self) -> &'static StrategyInfo {
-        match self {
-            RedisLock::Setnx => &setnx::INFO,
-            RedisLock::SetnxTtl => &setnx_ttl::INFO,
-            RedisLock::OwnerCheck => &owner_check::INFO,
-            RedisLock::LuaRelease => &lua_release::INFO,
-            RedisLock::Reentrant => &reentrant::INFO,
-            RedisLock::Watchdog => &watchdog::INFO,
-            RedisLock::Fenced => &fenced::INFO,
-        }
-    }
-}
-
-impl fmt::Display for Strategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Strategy {
-    type Err = String;
-
-    fn from_str(name: &str) -> Result<Self, Self::Err> {
-        let name = name.trim();
-        Self::ALL
-            .into_iter()
-            .find(|s| {
-                let info = s.info();
-                info.name.eq_ignore_ascii_case(name)
-                    || info.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
-            })
-            .ok_or_else(|| {
-                format!(
-                    "unknown strategy {name:?}; valid: {}",
-                    Self::accepted_names().join(", ")
-                )
-            })
-    }
-}
-
-impl Serialize for Strategy {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
 
 /// Why a lock could not be had.
 #[derive(Debug)]
@@ -243,10 +95,93 @@ pub enum Released {
     NotHeld,
 }
 
+/// The verbs of a lock kept in Redis, implemented by one unit type per strategy file.
+///
+/// Each call is one attempt on the Redis side; waiting, renewal scheduling, undoing an
+/// acquire that Redis did not answer, and metrics are [`Locks`]' business, not the
+/// strategy's.
+pub(crate) trait RedisLockOps {
+    /// One attempt: acquired (with a fencing token if the strategy draws one), or busy with
+    /// the holder's remaining lease.
+    async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt>;
+
+    /// Gives the lock up. Whether it checks the owner is the strategy's flaw or fix, and its
+    /// table row says which (`release_checks_owner`).
+    async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released>;
+
+    /// Extends the lease if `owner` still holds the lock; `Ok(false)` when it is gone. Only
+    /// asked of strategies whose row says `renews`.
+    async fn renew(cx: &LockCx, owner: &str) -> RedisResult<bool> {
+        let _ = (cx, owner);
+        Ok(false)
+    }
+
+    /// Whether a release wakes the waiters of the stock's Redis ([`wait`]). A lock that
+    /// lives elsewhere (on other nodes) says no, and its waiters poll instead.
+    const WAKES_WAITERS: bool = true;
+}
+
+/// Runs `$body` with `$L` bound to the type that implements `$lock`: the one place that
+/// maps a [`RedisLock`] variant to its file.
+macro_rules! on_lock {
+    ($lock:expr, $L:ident => $body:expr) => {
+        match $lock {
+            RedisLock::Setnx => {
+                type $L = setnx::Setnx;
+                $body
+            }
+            RedisLock::SetnxTtl => {
+                type $L = setnx_ttl::SetnxTtl;
+                $body
+            }
+            RedisLock::OwnerCheck => {
+                type $L = owner_check::OwnerCheck;
+                $body
+            }
+            RedisLock::LuaRelease => {
+                type $L = lua_release::LuaRelease;
+                $body
+            }
+            RedisLock::Reentrant => {
+                type $L = reentrant::Reentrant;
+                $body
+            }
+            RedisLock::Watchdog => {
+                type $L = watchdog::Watchdog;
+                $body
+            }
+            RedisLock::Fenced => {
+                type $L = fenced::Fenced;
+                $body
+            }
+        }
+    };
+}
+
+async fn try_acquire(cx: &LockCx, lock: RedisLock, owner: &str) -> RedisResult<Attempt> {
+    on_lock!(lock, L => L::try_acquire(cx, owner).await)
+}
+
+async fn release_redis(cx: &LockCx, lock: RedisLock, owner: &str) -> RedisResult<Released> {
+    on_lock!(lock, L => L::release(cx, owner).await)
+}
+
+async fn renew(cx: &LockCx, lock: RedisLock, owner: &str) -> RedisResult<bool> {
+    on_lock!(lock, L => L::renew(cx, owner).await)
+}
+
+fn wakes_waiters(lock: RedisLock) -> bool {
+    on_lock!(lock, L => L::WAKES_WAITERS)
+}
+
 /// What every strategy file needs: where the lock lives and how long its lease is.
 #[derive(Clone)]
 pub struct LockCx {
+    /// The Redis that keeps the stock; every single-node lock lives there too, next to it.
     pub store: Store,
+    /// Independent Redis nodes for a lock that a majority of them must grant (`LOCK_NODES`);
+    /// empty when none are configured. Each has the item's key names and its own connection.
+    pub nodes: Arc<[Store]>,
     pub ttl: Duration,
     /// Widens the race window of `owner-check` on demand (fault scenarios only).
     pub release_gap: Duration,
@@ -293,27 +228,42 @@ pub struct Locks {
     cx: LockCx,
     local: Arc<Mutex<()>>,
     waiter: Waiter,
+    /// For locks whose releases wake nobody here: retries bounded by the holder's lease.
+    poller: Waiter,
 }
 
 impl Locks {
     /// Starts listening for releases; must be called inside a Tokio runtime.
     pub fn new(store: Store, ttl: Duration, mode: WaitMode, release_gap: Duration) -> Self {
         let waiter = Waiter::listen(store.client().clone(), &store.keys, mode);
+        let poller = Waiter::listen(store.client().clone(), &store.keys, WaitMode::Spin);
         Self {
             cx: LockCx {
                 store,
+                nodes: Arc::new([]),
                 ttl,
                 release_gap,
                 newest_fence: Arc::default(),
             },
             local: Arc::default(),
             waiter,
+            poller,
         }
+    }
+
+    /// Adds the independent nodes a quorum lock is taken on.
+    pub fn with_nodes(mut self, nodes: Vec<Store>) -> Self {
+        self.cx.nodes = nodes.into();
+        self
+    }
+
+    pub fn nodes(&self) -> &[Store] {
+        &self.cx.nodes
     }
 
     /// Acquire attempts this instance has sent to Redis so far (every strategy together).
     pub fn attempts(&self) -> u64 {
-        self.waiter.attempts()
+        self.waiter.attempts() + self.poller.attempts()
     }
 
     /// Takes the lock for `owner`, waiting until `deadline` at most. A `nested` acquire is
@@ -338,9 +288,13 @@ impl Locks {
                 (None, Hold::Local(guard))
             }
             Strategy::Redis(lock) => {
-                let attempt = self
-                    .waiter
-                    .until_acquired(deadline, nested, || self.try_acquire(lock, owner));
+                let waiter = if wakes_waiters(lock) {
+                    &self.waiter
+                } else {
+                    &self.poller
+                };
+                let attempt =
+                    waiter.until_acquired(deadline, nested, || try_acquire(&self.cx, lock, owner));
                 let fence = match attempt.await {
                     Ok(fence) => fence,
                     Err(LockError::Redis(e)) => {
@@ -352,7 +306,7 @@ impl Locks {
                     Err(e) => return Err(e),
                 };
                 let renewal = (lock.info().renews && !nested)
-                    .then(|| Renewal::start(self.cx.clone(), owner.clone()));
+                    .then(|| Renewal::start(self.cx.clone(), lock, owner.clone()));
                 (fence, Hold::Redis(lock, renewal))
             }
         };
@@ -368,19 +322,6 @@ impl Locks {
             waited,
             hold,
         })
-    }
-
-    async fn try_acquire(&self, lock: RedisLock, owner: &str) -> RedisResult<Attempt> {
-        let cx = &self.cx;
-        match lock {
-            RedisLock::Setnx => setnx::try_acquire(cx, owner).await,
-            RedisLock::SetnxTtl => setnx_ttl::try_acquire(cx, owner).await,
-            RedisLock::OwnerCheck => owner_check::try_acquire(cx, owner).await,
-            RedisLock::LuaRelease => lua_release::try_acquire(cx, owner).await,
-            RedisLock::Reentrant => reentrant::try_acquire(cx, owner).await,
-            RedisLock::Watchdog => watchdog::try_acquire(cx, owner).await,
-            RedisLock::Fenced => fenced::try_acquire(cx, owner).await,
-        }
     }
 
     /// Releases the lock. Consuming the guard makes a second release impossible; the scripts
@@ -416,7 +357,7 @@ impl Locks {
     /// undone with `lua-release`'s compare-and-delete of the same string key, which can only
     /// remove this very owner's lock.
     fn undo_unanswered_acquire(&self, lock: RedisLock, owner: &str) {
-        let undo = if lock.release_checks_owner() {
+        let undo = if lock.info().release_checks_owner {
             lock
         } else {
             RedisLock::LuaRelease
@@ -427,18 +368,6 @@ impl Locks {
                 tracing::debug!(%owner, error = %e, "undoing an unanswered acquire failed; the lease ends it");
             }
         });
-    }
-}
-
-async fn release_redis(cx: &LockCx, lock: RedisLock, owner: &str) -> RedisResult<Released> {
-    match lock {
-        RedisLock::Setnx => setnx::release(cx, owner).await,
-        RedisLock::SetnxTtl => setnx_ttl::release(cx, owner).await,
-        RedisLock::OwnerCheck => owner_check::release(cx, owner).await,
-        RedisLock::LuaRelease => lua_release::release(cx, owner).await,
-        RedisLock::Reentrant => reentrant::release(cx, owner).await,
-        RedisLock::Watchdog => watchdog::release(cx, owner).await,
-        RedisLock::Fenced => fenced::release(cx, owner).await,
     }
 }
 
@@ -490,54 +419,4 @@ async fn set_nx(cx: &LockCx, owner: &str, ttl: Option<Duration>) -> RedisResult<
         Some(_) => Attempt::Acquired { fence: None },
         None => Attempt::busy(pttl),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_name_and_alias_parses_back_to_its_strategy() {
-        for strategy in Strategy::ALL {
-            assert_eq!(strategy.name().parse::<Strategy>(), Ok(strategy));
-            for alias in strategy.info().aliases {
-                assert_eq!(alias.parse::<Strategy>(), Ok(strategy));
-            }
-        }
-    }
-
-    #[test]
-    fn the_tutorial_versions_map_to_their_strategies() {
-        let expect = [
-            ("v1", "local"),
-            ("v2", "local"),
-            ("v3", "setnx"),
-            ("v4", "setnx-ttl"),
-            ("v5", "owner-check"),
-            ("v6", "lua-release"),
-            ("v7", "reentrant"),
-            ("v8", "watchdog"),
-        ];
-        for (alias, name) in expect {
-            assert_eq!(alias.parse::<Strategy>().map(Strategy::name), Ok(name));
-        }
-    }
-
-    #[test]
-    fn an_unknown_name_is_refused_with_every_valid_one() {
-        let err = "redlokc".parse::<Strategy>().unwrap_err();
-        for strategy in Strategy::ALL {
-            assert!(err.contains(strategy.name()), "{err}");
-        }
-        assert!(err.contains("v8"), "{err}");
-    }
-
-    #[test]
-    fn names_are_unique() {
-        let mut names = Strategy::accepted_names();
-        let count = names.len();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), count);
-    }
 }

@@ -6,39 +6,30 @@
 
 use redis::{AsyncCommands, RedisResult};
 
-use super::{Attempt, LockCx, Released, StrategyInfo};
+use super::{Attempt, LockCx, RedisLockOps, Released};
 
-pub(super) const INFO: StrategyInfo = StrategyInfo {
-    name: "owner-check",
-    aliases: &["v5"],
-    seed: "v5",
-    protocol: "SET NX PX ttl; GET == owner, then DEL",
-    fixes: "the late holder no longer deletes a lock that is visibly someone else's",
-    flaw: "check and delete are two commands: the lock can change hands between them",
-    reentrant: false,
-    renews: false,
-    fenced: false,
-    distributed: true,
-};
+pub(super) struct OwnerCheck;
 
-pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-    super::set_nx(cx, owner, Some(cx.ttl)).await
-}
-
-pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
-    let key = &cx.store.keys.lock;
-    let holder: Option<String> = match cx.store.call(|mut c| async move { c.get(key).await }).await
-    {
-        // A hash lock: another strategy's holder took the key after this lease ran out.
-        Err(e) if e.code() == Some("WRONGTYPE") => return Ok(Released::NotHeld),
-        holder => holder?,
-    };
-    if holder.as_deref() != Some(owner) {
-        return Ok(Released::NotHeld);
+impl RedisLockOps for OwnerCheck {
+    async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
+        super::set_nx(cx, owner, Some(cx.ttl)).await
     }
-    // The window this version is known for; fault scenarios widen it to make the race certain.
-    if !cx.release_gap.is_zero() {
-        tokio::time::sleep(cx.release_gap).await;
+
+    async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
+        let key = &cx.store.keys.lock;
+        let holder: Option<String> =
+            match cx.store.call(|mut c| async move { c.get(key).await }).await {
+                // A hash lock: another strategy's holder took the key after this lease ran out.
+                Err(e) if e.code() == Some("WRONGTYPE") => return Ok(Released::NotHeld),
+                holder => holder?,
+            };
+        if holder.as_deref() != Some(owner) {
+            return Ok(Released::NotHeld);
+        }
+        // The window this version is known for; fault scenarios widen it to make the race certain.
+        if !cx.release_gap.is_zero() {
+            tokio::time::sleep(cx.release_gap).await;
+        }
+        super::delete_and_announce(cx, owner).await
     }
-    super::delete_and_announce(cx, owner).await
 }

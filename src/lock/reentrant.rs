@@ -8,58 +8,49 @@ use std::time::Duration;
 
 use redis::RedisResult;
 
-use super::{Attempt, LockCx, Released, StrategyInfo};
+use super::{Attempt, LockCx, RedisLockOps, Released};
 use crate::store::scripts;
 
-pub(super) const INFO: StrategyInfo = StrategyInfo {
-    name: "reentrant",
-    aliases: &["v7"],
-    seed: "v7",
-    protocol: "hash owner -> count; HINCRBY lock/unlock in Lua",
-    fixes: "a nested acquire by the same sale succeeds instead of waiting on itself",
-    flaw: "no renewal: work longer than the TTL loses the lock",
-    reentrant: true,
-    renews: false,
-    fenced: false,
-    distributed: true,
-};
+pub(super) struct Reentrant;
 
-pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-    let key = &cx.store.keys.lock;
-    let reply = cx
-        .store
-        .call(|mut c| async move {
-            scripts::LOCK_REENTRANT
-                .key(key)
-                .arg(owner)
-                .arg(millis(cx.ttl))
-                .invoke_async(&mut c)
-                .await
-        })
-        .await?;
-    Ok(Attempt::from_script(reply, false))
-}
+impl RedisLockOps for Reentrant {
+    async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
+        let key = &cx.store.keys.lock;
+        let reply = cx
+            .store
+            .call(|mut c| async move {
+                scripts::LOCK_REENTRANT
+                    .key(key)
+                    .arg(owner)
+                    .arg(millis(cx.ttl))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(Attempt::from_script(reply, false))
+    }
 
-pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
-    let keys = &cx.store.keys;
-    let left: i64 = cx
-        .store
-        .call(|mut c| async move {
-            scripts::UNLOCK_REENTRANT
-                .key(&keys.lock)
-                .key(&keys.signal)
-                .arg(owner)
-                .arg(millis(cx.ttl))
-                .arg(&keys.released)
-                .invoke_async(&mut c)
-                .await
+    async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
+        let keys = &cx.store.keys;
+        let left: i64 = cx
+            .store
+            .call(|mut c| async move {
+                scripts::UNLOCK_REENTRANT
+                    .key(&keys.lock)
+                    .key(&keys.signal)
+                    .arg(owner)
+                    .arg(millis(cx.ttl))
+                    .arg(&keys.released)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(match left {
+            1 => Released::Freed,
+            0 => Released::StillHeld,
+            _ => Released::NotHeld,
         })
-        .await?;
-    Ok(match left {
-        1 => Released::Freed,
-        0 => Released::StillHeld,
-        _ => Released::NotHeld,
-    })
+    }
 }
 
 pub(super) fn millis(d: Duration) -> u64 {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep};
 
-use super::LockCx;
+use super::{LockCx, RedisLock};
 
 pub struct Renewal {
     lost: Arc<AtomicBool>,
@@ -19,10 +19,10 @@ pub struct Renewal {
 }
 
 impl Renewal {
-    pub fn start(cx: LockCx, owner: Arc<str>) -> Self {
+    pub fn start(cx: LockCx, lock: RedisLock, owner: Arc<str>) -> Self {
         let lost = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop) = oneshot::channel();
-        tokio::spawn(renew_until_stopped(cx, owner, lost.clone(), stop));
+        tokio::spawn(renew_until_stopped(cx, lock, owner, lost.clone(), stop));
         Self {
             lost,
             _stop: stop_tx,
@@ -36,6 +36,7 @@ impl Renewal {
 
 async fn renew_until_stopped(
     cx: LockCx,
+    lock: RedisLock,
     owner: Arc<str>,
     lost: Arc<AtomicBool>,
     mut stop: oneshot::Receiver<()>,
@@ -48,7 +49,7 @@ async fn renew_until_stopped(
             _ = &mut stop => return,
             () = sleep(interval) => {}
         }
-        match super::watchdog::renew(&cx, &owner).await {
+        match super::renew(&cx, lock, &owner).await {
             Ok(true) => {
                 last_renewed = Instant::now();
                 cx.store.metrics().renewal();

@@ -5,25 +5,16 @@
 
 use redis::RedisResult;
 
-use super::{Attempt, LockCx, Released, StrategyInfo};
+use super::{Attempt, LockCx, RedisLockOps, Released};
 
-pub(super) const INFO: StrategyInfo = StrategyInfo {
-    name: "setnx",
-    aliases: &["v3"],
-    seed: "v3",
-    protocol: "SET NX (no TTL), wait, DEL",
-    fixes: "oversell across instances: one lock in Redis for all of them",
-    flaw: "a holder that crashes leaves the lock forever: every later sale times out",
-    reentrant: false,
-    renews: false,
-    fenced: false,
-    distributed: true,
-};
+pub(super) struct Setnx;
 
-pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-    super::set_nx(cx, owner, None).await
-}
+impl RedisLockOps for Setnx {
+    async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
+        super::set_nx(cx, owner, None).await
+    }
 
-pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
-    super::delete_and_announce(cx, owner).await
+    async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
+        super::delete_and_announce(cx, owner).await
+    }
 }

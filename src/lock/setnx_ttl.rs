@@ -5,25 +5,16 @@
 
 use redis::RedisResult;
 
-use super::{Attempt, LockCx, Released, StrategyInfo};
+use super::{Attempt, LockCx, RedisLockOps, Released};
 
-pub(super) const INFO: StrategyInfo = StrategyInfo {
-    name: "setnx-ttl",
-    aliases: &["v4"],
-    seed: "v4",
-    protocol: "SET NX PX ttl, wait, DEL",
-    fixes: "a crashed holder's lock expires after the TTL",
-    flaw: "work longer than the TTL: the late holder DELs someone else's lock",
-    reentrant: false,
-    renews: false,
-    fenced: false,
-    distributed: true,
-};
+pub(super) struct SetnxTtl;
 
-pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-    super::set_nx(cx, owner, Some(cx.ttl)).await
-}
+impl RedisLockOps for SetnxTtl {
+    async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
+        super::set_nx(cx, owner, Some(cx.ttl)).await
+    }
 
-pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
-    super::delete_and_announce(cx, owner).await
+    async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
+        super::delete_and_announce(cx, owner).await
+    }
 }

@@ -6,43 +6,35 @@
 
 use redis::RedisResult;
 
-use super::{Attempt, LockCx, Released, StrategyInfo};
+use super::reentrant::Reentrant;
+use super::{Attempt, LockCx, RedisLockOps, Released};
 use crate::store::scripts;
 
-pub(super) const INFO: StrategyInfo = StrategyInfo {
-    name: "watchdog",
-    aliases: &["v8"],
-    seed: "v8",
-    protocol: "reentrant hash lock + owner-checked renewal every ttl/3",
-    fixes: "work longer than the TTL keeps the lock; a lost lock is reported before the write",
-    flaw: "a paused process (GC, SIGSTOP) cannot renew: the lock expires under it",
-    reentrant: true,
-    renews: true,
-    fenced: false,
-    distributed: true,
-};
+pub(super) struct Watchdog;
 
-pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-    super::reentrant::try_acquire(cx, owner).await
-}
+impl RedisLockOps for Watchdog {
+    async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
+        Reentrant::try_acquire(cx, owner).await
+    }
 
-pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
-    super::reentrant::release(cx, owner).await
-}
+    async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
+        Reentrant::release(cx, owner).await
+    }
 
-/// Extends the lease if `owner` still holds the lock; `false` when it is gone.
-pub(super) async fn renew(cx: &LockCx, owner: &str) -> RedisResult<bool> {
-    let key = &cx.store.keys.lock;
-    let renewed: i64 = cx
-        .store
-        .call(|mut c| async move {
-            scripts::RENEW
-                .key(key)
-                .arg(owner)
-                .arg(super::reentrant::millis(cx.ttl))
-                .invoke_async(&mut c)
-                .await
-        })
-        .await?;
-    Ok(renewed == 1)
+    /// Extends the lease if `owner` still holds the lock; `false` when it is gone.
+    async fn renew(cx: &LockCx, owner: &str) -> RedisResult<bool> {
+        let key = &cx.store.keys.lock;
+        let renewed: i64 = cx
+            .store
+            .call(|mut c| async move {
+                scripts::RENEW
+                    .key(key)
+                    .arg(owner)
+                    .arg(super::reentrant::millis(cx.ttl))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(renewed == 1)
+    }
 }
