@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Client, RedisError, RedisResult, Script};
+use redis::{AsyncCommands, Client, RedisError, RedisResult, Script, ScriptInvocation};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -20,7 +20,7 @@ pub mod scripts {
 
     macro_rules! script {
         ($name:ident, $file:literal) => {
-            pub static $name: LazyLock<Script> =
+            static $name: LazyLock<Script> =
                 LazyLock::new(|| Script::new(include_str!(concat!("../lua/", $file))));
         };
     }
@@ -34,6 +34,142 @@ pub mod scripts {
     script!(SELL, "sell.lua");
     script!(RESET, "reset.lua");
     script!(IDEMPOTENCY_SETTLE, "idempotency_settle.lua");
+
+    // One builder per script: the only place that knows its KEYS and ARGV layout, used by
+    // the store, the locks and the Lua tests alike.
+
+    /// `{1, 0}` when taken or re-entered, `{0, pttl}` when another owner holds it.
+    pub fn lock_reentrant(lock: &str, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
+        let mut i = LOCK_REENTRANT.key(lock);
+        i.arg(owner).arg(ttl_ms);
+        i
+    }
+
+    /// `{1, token}` when taken or re-entered (a fresh token, above `newest` if the counter
+    /// was lost), `{0, pttl}` when another owner holds it.
+    pub fn lock_fenced(
+        keys: &Keys,
+        owner: &str,
+        ttl_ms: u64,
+        newest: u64,
+    ) -> ScriptInvocation<'static> {
+        let mut i = LOCK_FENCED.key(&keys.lock);
+        i.key(&keys.fence).arg(owner).arg(ttl_ms).arg(newest);
+        i
+    }
+
+    /// 1 when the last hold was left (the lock is gone and waiters are signalled), 0 when
+    /// an outer hold remains, -1 when `owner` did not hold it.
+    pub fn unlock_reentrant(keys: &Keys, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
+        let mut i = UNLOCK_REENTRANT.key(&keys.lock);
+        i.key(&keys.signal)
+            .arg(owner)
+            .arg(ttl_ms)
+            .arg(&keys.released);
+        i
+    }
+
+    /// Compare-and-delete of a string lock at `lock` (normally `keys.lock`): 1 when deleted.
+    pub fn unlock_owned(lock: &str, keys: &Keys, owner: &str) -> ScriptInvocation<'static> {
+        let mut i = UNLOCK_OWNED.key(lock);
+        i.key(&keys.signal).arg(owner).arg(&keys.released);
+        i
+    }
+
+    /// 1 when `owner` still held the hash lock and its lease was extended.
+    pub fn renew(lock: &str, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
+        let mut i = RENEW.key(lock);
+        i.arg(owner).arg(ttl_ms);
+        i
+    }
+
+    /// `{1, stock or -1, lockfree writes}`, or `{0, newest token}` for a stale `fence`.
+    pub fn read_stock(keys: &Keys, fence: Option<u64>) -> ScriptInvocation<'static> {
+        let mut i = READ_STOCK.key(&keys.stock);
+        i.key(&keys.fence_seen)
+            .key(&keys.lockfree_writes)
+            .arg(fence.map(|f| f.to_string()).unwrap_or_default());
+        i
+    }
+
+    /// How a sale's write is checked: `Locked` carries what its read saw.
+    #[derive(Debug, Clone, Copy)]
+    pub enum SellMode {
+        Atomic,
+        Locked {
+            new_stock: i64,
+            fence: Option<u64>,
+            lockfree: i64,
+        },
+    }
+
+    /// `{code, value}`; see [`super::Recorded`] for the codes.
+    pub fn sell(
+        keys: &Keys,
+        entry: &Entry<'_>,
+        ledger_cap: u64,
+        mode: SellMode,
+    ) -> ScriptInvocation<'static> {
+        let mut i = SELL.key(&keys.stock);
+        i.key(&keys.ledger)
+            .key(&keys.sales)
+            .key(&keys.sold)
+            .key(&keys.duplicates)
+            .key(&keys.fence_seen)
+            .key(&keys.lockfree_writes)
+            .key(entry.claim_key(keys))
+            .key(&keys.initial)
+            .arg(match mode {
+                SellMode::Atomic => "atomic",
+                SellMode::Locked { .. } => "locked",
+            })
+            .arg(entry.order_id)
+            .arg(entry.instance)
+            .arg(entry.strategy)
+            .arg(entry.claim_marker())
+            .arg(entry.claim_keep_ms())
+            .arg(ledger_cap);
+        if let SellMode::Locked {
+            new_stock,
+            fence,
+            lockfree,
+        } = mode
+        {
+            i.arg(new_stock)
+                .arg(fence.map(|f| f.to_string()).unwrap_or_default())
+                .arg(lockfree);
+        }
+        i
+    }
+
+    /// 1 when the claim was still `marker`'s and was settled (kept with `outcome`, or freed
+    /// when `outcome` is empty).
+    pub fn idempotency_settle(
+        key: &str,
+        marker: &str,
+        outcome: &str,
+        keep_ms: u64,
+    ) -> ScriptInvocation<'static> {
+        let mut i = IDEMPOTENCY_SETTLE.key(key);
+        i.arg(marker).arg(outcome).arg(keep_ms);
+        i
+    }
+
+    /// Restocks: 1 when it also freed a lock that had no lease.
+    pub fn reset(keys: &Keys, stock: i64) -> ScriptInvocation<'static> {
+        let mut i = RESET.key(&keys.stock);
+        i.key(&keys.initial)
+            .key(&keys.ledger)
+            .key(&keys.sales)
+            .key(&keys.sold)
+            .key(&keys.duplicates)
+            .key(&keys.lock)
+            .key(&keys.lockfree_writes)
+            .key(&keys.signal)
+            .arg(stock)
+            .arg(&keys.released);
+        i
+    }
 }
 
 /// Whether Redis refused our credentials: a wrong or missing password in `REDIS_URL`, or an
@@ -284,18 +420,9 @@ impl Store {
     /// Reads the stock for a locked sale, with what its write must check; a fenced reader's
     /// token is registered with the store in the same step.
     pub async fn read_for_sale(&self, fence: Option<u64>) -> RedisResult<StockRead> {
-        let k = &self.keys;
-        let fence = fence.map(|f| f.to_string()).unwrap_or_default();
+        let read = &scripts::read_stock(&self.keys, fence);
         let (ok, value, lockfree): (i64, i64, i64) = self
-            .call(|mut c| async move {
-                scripts::READ_STOCK
-                    .key(&k.stock)
-                    .key(&k.fence_seen)
-                    .key(&k.lockfree_writes)
-                    .arg(fence)
-                    .invoke_async(&mut c)
-                    .await
-            })
+            .call(|mut c| async move { read.invoke_async(&mut c).await })
             .await?;
         Ok(match ok {
             1 => StockRead::Current {
@@ -317,45 +444,21 @@ impl Store {
         fence: Option<u64>,
         lockfree: i64,
     ) -> RedisResult<Recorded> {
-        let fence = fence.map(|f| f.to_string()).unwrap_or_default();
-        self.sell(entry, "locked", |script| {
-            script.arg(new_stock).arg(fence).arg(lockfree);
-        })
-        .await
+        let mode = scripts::SellMode::Locked {
+            new_stock,
+            fence,
+            lockfree,
+        };
+        self.sell(entry, mode).await
     }
 
     /// The lock-free sale: one script, one round trip.
     pub async fn atomic_sale(&self, entry: &Entry<'_>) -> RedisResult<Recorded> {
-        self.sell(entry, "atomic", |_| {}).await
+        self.sell(entry, scripts::SellMode::Atomic).await
     }
 
-    /// Runs `sell.lua`: `mode_args` adds what only a locked write sends.
-    async fn sell(
-        &self,
-        entry: &Entry<'_>,
-        mode: &str,
-        mode_args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
-    ) -> RedisResult<Recorded> {
-        let k = &self.keys;
-        let mut invocation = scripts::SELL.key(&k.stock);
-        invocation
-            .key(&k.ledger)
-            .key(&k.sales)
-            .key(&k.sold)
-            .key(&k.duplicates)
-            .key(&k.fence_seen)
-            .key(&k.lockfree_writes)
-            .key(entry.claim_key(k))
-            .key(&k.initial)
-            .arg(mode)
-            .arg(entry.order_id)
-            .arg(entry.instance)
-            .arg(entry.strategy)
-            .arg(entry.claim_marker())
-            .arg(entry.claim_keep_ms())
-            .arg(self.ledger_cap);
-        mode_args(&mut invocation);
-        let invocation = &invocation;
+    async fn sell(&self, entry: &Entry<'_>, mode: scripts::SellMode) -> RedisResult<Recorded> {
+        let invocation = &scripts::sell(&self.keys, entry, self.ledger_cap, mode);
         let (code, value): (i64, i64) = self
             .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;
@@ -396,40 +499,23 @@ impl Store {
 
     /// Ends a claim that did not sell: keeps `outcome` for replays, or frees the key.
     pub async fn settle(&self, claim: &Claim, outcome: Option<&str>) -> RedisResult<bool> {
+        let settle = &scripts::idempotency_settle(
+            &claim.key,
+            &claim.marker,
+            outcome.unwrap_or_default(),
+            claim.keep.as_millis() as u64,
+        );
         let settled: i64 = self
-            .call(|mut c| async move {
-                scripts::IDEMPOTENCY_SETTLE
-                    .key(&claim.key)
-                    .arg(&claim.marker)
-                    .arg(outcome.unwrap_or_default())
-                    .arg(claim.keep.as_millis() as u64)
-                    .invoke_async(&mut c)
-                    .await
-            })
+            .call(|mut c| async move { settle.invoke_async(&mut c).await })
             .await?;
         Ok(settled == 1)
     }
 
     pub async fn reset(&self, stock: i64) -> RedisResult<()> {
-        let k = &self.keys;
-        self.call(|mut c| async move {
-            scripts::RESET
-                .key(&k.stock)
-                .key(&k.initial)
-                .key(&k.ledger)
-                .key(&k.sales)
-                .key(&k.sold)
-                .key(&k.duplicates)
-                .key(&k.lock)
-                .key(&k.lockfree_writes)
-                .key(&k.signal)
-                .arg(stock)
-                .arg(&k.released)
-                .invoke_async::<i64>(&mut c)
-                .await
-        })
-        .await
-        .map(drop)
+        let reset = &scripts::reset(&self.keys, stock);
+        self.call(|mut c| async move { reset.invoke_async::<i64>(&mut c).await })
+            .await
+            .map(drop)
     }
 
     /// The stock, the initial stock and the sales count: `None` when the item was never

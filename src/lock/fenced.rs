@@ -21,18 +21,10 @@ impl RedisLockOps for Fenced {
     async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
         let keys = &cx.store.keys;
         let newest = cx.newest_fence.load(Ordering::Acquire);
+        let lock = &scripts::lock_fenced(keys, owner, super::reentrant::millis(cx.ttl), newest);
         let reply = cx
             .store
-            .call(|mut c| async move {
-                scripts::LOCK_FENCED
-                    .key(&keys.lock)
-                    .key(&keys.fence)
-                    .arg(owner)
-                    .arg(super::reentrant::millis(cx.ttl))
-                    .arg(newest)
-                    .invoke_async(&mut c)
-                    .await
-            })
+            .call(|mut c| async move { lock.invoke_async(&mut c).await })
             .await?;
         let attempt = Attempt::from_script(reply, true);
         if let Attempt::Acquired { fence: Some(token) } = attempt {

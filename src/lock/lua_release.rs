@@ -17,22 +17,11 @@ impl RedisLockOps for LuaRelease {
 
     async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
         let keys = &cx.store.keys;
+        let unlock = &scripts::unlock_owned(&keys.lock, keys, owner);
         let deleted: i64 = cx
             .store
-            .call(|mut c| async move {
-                scripts::UNLOCK_OWNED
-                    .key(&keys.lock)
-                    .key(&keys.signal)
-                    .arg(owner)
-                    .arg(&keys.released)
-                    .invoke_async(&mut c)
-                    .await
-            })
+            .call(|mut c| async move { unlock.invoke_async(&mut c).await })
             .await?;
-        Ok(if deleted == 1 {
-            Released::Freed
-        } else {
-            Released::NotHeld
-        })
+        Ok(Released::by_deleted(deleted))
     }
 }

@@ -174,6 +174,17 @@ fn wakes_waiters(lock: RedisLock) -> bool {
     on_lock!(lock, L => L::WAKES_WAITERS)
 }
 
+impl Released {
+    /// Reads the count of a `DEL` (or of a script that deletes the lock key): one key gone.
+    fn by_deleted(deleted: i64) -> Self {
+        if deleted == 1 {
+            Released::Freed
+        } else {
+            Released::NotHeld
+        }
+    }
+}
+
 /// What every strategy file needs: where the lock lives and how long its lease is.
 #[derive(Clone)]
 pub struct LockCx {
@@ -389,11 +400,7 @@ async fn delete_and_announce(cx: &LockCx, owner: &str) -> RedisResult<Released> 
                 .await
         })
         .await?;
-    Ok(if deleted == 1 {
-        Released::Freed
-    } else {
-        Released::NotHeld
-    })
+    Ok(Released::by_deleted(deleted))
 }
 
 /// `SET lock owner NX [PX ttl]` and, in the same round trip, the lock's `PTTL`, so a failed

@@ -15,35 +15,19 @@ pub(super) struct Reentrant;
 
 impl RedisLockOps for Reentrant {
     async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-        let key = &cx.store.keys.lock;
+        let lock = &scripts::lock_reentrant(&cx.store.keys.lock, owner, millis(cx.ttl));
         let reply = cx
             .store
-            .call(|mut c| async move {
-                scripts::LOCK_REENTRANT
-                    .key(key)
-                    .arg(owner)
-                    .arg(millis(cx.ttl))
-                    .invoke_async(&mut c)
-                    .await
-            })
+            .call(|mut c| async move { lock.invoke_async(&mut c).await })
             .await?;
         Ok(Attempt::from_script(reply, false))
     }
 
     async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
-        let keys = &cx.store.keys;
+        let unlock = &scripts::unlock_reentrant(&cx.store.keys, owner, millis(cx.ttl));
         let left: i64 = cx
             .store
-            .call(|mut c| async move {
-                scripts::UNLOCK_REENTRANT
-                    .key(&keys.lock)
-                    .key(&keys.signal)
-                    .arg(owner)
-                    .arg(millis(cx.ttl))
-                    .arg(&keys.released)
-                    .invoke_async(&mut c)
-                    .await
-            })
+            .call(|mut c| async move { unlock.invoke_async(&mut c).await })
             .await?;
         Ok(match left {
             1 => Released::Freed,

@@ -23,17 +23,10 @@ impl RedisLockOps for Watchdog {
 
     /// Extends the lease if `owner` still holds the lock; `false` when it is gone.
     async fn renew(cx: &LockCx, owner: &str) -> RedisResult<bool> {
-        let key = &cx.store.keys.lock;
+        let renew = &scripts::renew(&cx.store.keys.lock, owner, super::reentrant::millis(cx.ttl));
         let renewed: i64 = cx
             .store
-            .call(|mut c| async move {
-                scripts::RENEW
-                    .key(key)
-                    .arg(owner)
-                    .arg(super::reentrant::millis(cx.ttl))
-                    .invoke_async(&mut c)
-                    .await
-            })
+            .call(|mut c| async move { renew.invoke_async(&mut c).await })
             .await?;
         Ok(renewed == 1)
     }

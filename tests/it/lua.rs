@@ -21,55 +21,35 @@ async fn setup() -> (RedisServer, MultiplexedConnection, Keys) {
 }
 
 async fn lock_reentrant(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> (i64, i64) {
-    scripts::LOCK_REENTRANT
-        .key(&k.lock)
-        .arg(owner)
-        .arg(TTL_MS)
+    scripts::lock_reentrant(&k.lock, owner, TTL_MS)
         .invoke_async(c)
         .await
         .unwrap()
 }
 
 async fn unlock_reentrant(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
-    scripts::UNLOCK_REENTRANT
-        .key(&k.lock)
-        .key(&k.signal)
-        .arg(owner)
-        .arg(TTL_MS)
-        .arg(&k.released)
+    scripts::unlock_reentrant(k, owner, TTL_MS)
         .invoke_async(c)
         .await
         .unwrap()
 }
 
 async fn renew(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
-    scripts::RENEW
-        .key(&k.lock)
-        .arg(owner)
-        .arg(TTL_MS)
+    scripts::renew(&k.lock, owner, TTL_MS)
         .invoke_async(c)
         .await
         .unwrap()
 }
 
 async fn lock_fenced(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> (i64, i64) {
-    scripts::LOCK_FENCED
-        .key(&k.lock)
-        .key(&k.fence)
-        .arg(owner)
-        .arg(TTL_MS)
-        .arg(0)
+    scripts::lock_fenced(k, owner, TTL_MS, 0)
         .invoke_async(c)
         .await
         .unwrap()
 }
 
 async fn unlock_owned(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
-    scripts::UNLOCK_OWNED
-        .key(&k.lock)
-        .key(&k.signal)
-        .arg(owner)
-        .arg(&k.released)
+    scripts::unlock_owned(&k.lock, k, owner)
         .invoke_async(c)
         .await
         .unwrap()
@@ -146,22 +126,14 @@ async fn a_non_owner_can_neither_release_nor_renew() {
         .query_async(&mut c)
         .await
         .unwrap();
-    let deleted: i64 = scripts::UNLOCK_OWNED
-        .key("plain")
-        .key(&k.signal)
-        .arg("b")
-        .arg(&k.released)
+    let deleted: i64 = scripts::unlock_owned("plain", &k, "b")
         .invoke_async(&mut c)
         .await
         .unwrap();
     assert_eq!(deleted, 0);
     let holder: String = c.get("plain").await.unwrap();
     assert_eq!(holder, "a");
-    let deleted: i64 = scripts::UNLOCK_OWNED
-        .key("plain")
-        .key(&k.signal)
-        .arg("a")
-        .arg(&k.released)
+    let deleted: i64 = scripts::unlock_owned("plain", &k, "a")
         .invoke_async(&mut c)
         .await
         .unwrap();
@@ -527,11 +499,7 @@ async fn settling_a_claim_needs_the_claim() {
     let settle = |marker: &'static str, outcome: &'static str| {
         let (key, mut c) = (key.clone(), conn.clone());
         async move {
-            scripts::IDEMPOTENCY_SETTLE
-                .key(&key)
-                .arg(marker)
-                .arg(outcome)
-                .arg(60_000)
+            scripts::idempotency_settle(&key, marker, outcome, 60_000)
                 .invoke_async::<i64>(&mut c)
                 .await
                 .unwrap()
