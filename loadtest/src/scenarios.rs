@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::StreamExt;
+use inventory::events::Event;
 use inventory::lock::{RedisLock, Strategy};
 use inventory::store::{Audit, Keys};
 use redis::AsyncCommands;
@@ -313,9 +314,9 @@ impl Env {
         Ok(c.pttl(&self.keys.lock).await?)
     }
 
-    async fn wait_event(&self, who: &str, what: &str) -> Option<Entry> {
+    async fn wait_event(&self, who: &str, event: Event) -> Option<Entry> {
         self.timeline
-            .wait_for(EVENT_WITHIN, |e| e.is(who, what))
+            .wait_for(EVENT_WITHIN, |e| e.is(who, event))
             .await
     }
 }
@@ -341,7 +342,7 @@ async fn two_instances(env: &Env, strategy: Strategy) -> anyhow::Result<(Observe
             .or_default() += 1;
     }
     // The fault is both instances selling from the same stock: each must have read it.
-    let reads = |app: &str| env.timeline.count(|e| e.is(app, "stock read"));
+    let reads = |app: &str| env.timeline.count(|e| e.is(app, Event::StockRead));
     let observed = if reads("app1") == 0 || reads("app2") == 0 {
         Observed::Missed
     } else if !audit.clean {
@@ -408,7 +409,7 @@ async fn crash_holder(env: &Env, strategy: Strategy) -> anyhow::Result<(Observed
     env.reset(5).await?;
     let holder = env.sale(0, query(strategy, 10_000));
     let crash = async {
-        env.wait_event("app1", "stock read").await?;
+        env.wait_event("app1", Event::StockRead).await?;
         env.apps[0].signal("KILL").await.ok()?;
         env.timeline
             .note("runner", "kill -9 app1 (it holds the lock)");
@@ -460,10 +461,10 @@ async fn third_sale_enters(
     };
     let a = env.sale(0, query(strategy, a_work));
     let rest = async {
-        env.wait_event("app1", "stock read").await?;
+        env.wait_event("app1", Event::StockRead).await?;
         let b = env.sale(1, query(strategy, b_work));
         let c_and_evidence = async {
-            let b_read = env.wait_event("app2", "stock read").await?;
+            let b_read = env.wait_event("app2", Event::StockRead).await?;
             let b_owner = env.lock_holder().await.ok().flatten();
             env.timeline
                 .note("runner", "B holds the lock; C (app2) starts waiting for it");
@@ -498,12 +499,12 @@ async fn third_sale_enters(
     let entries = env.timeline.entries();
     let b_done = entries.iter().find(|e| {
         e.who == "app2"
-            && (e.what == "sale written" || e.what == "sale refused")
+            && matches!(e.event(), Some(Event::SaleWritten | Event::SaleRefused))
             && sale_tag(e) == b_tag
     });
     let c_read = entries
         .iter()
-        .find(|e| e.is("app2", "stock read") && sale_tag(e) != b_tag);
+        .find(|e| e.is("app2", Event::StockRead) && sale_tag(e) != b_tag);
     let c_entered_during_b = match (c_read, b_done) {
         (Some(c_read), Some(b_done)) => c_read.at_ms < b_done.at_ms,
         _ => c.status == 200 && c.at < b.at,
@@ -528,7 +529,7 @@ async fn reentry(env: &Env, strategy: Strategy) -> anyhow::Result<(Observed, Val
     let reply = env
         .sale(0, format!("strategy={strategy}&reenter=true"))
         .await;
-    let nested_attempted = env.timeline.count(|e| e.is("app1", "lock acquired")) >= 1;
+    let nested_attempted = env.timeline.count(|e| e.is("app1", Event::LockAcquired)) >= 1;
     let observed = match (reply.status, reply.code()) {
         (200, _) => Observed::Safe,
         (503, "lock_timeout") if nested_attempted => Observed::Flaw,
@@ -545,7 +546,7 @@ async fn long_work(env: &Env, strategy: Strategy) -> anyhow::Result<(Observed, V
     env.reset(5).await?;
     let a = env.sale(0, query(strategy, 3 * TTL_MS));
     let b = async {
-        env.wait_event("app1", "stock read").await?;
+        env.wait_event("app1", Event::StockRead).await?;
         env.timeline
             .note("runner", "app2 starts a sale while app1 works");
         Some(env.sale(1, query(strategy, 0)).await)
@@ -555,7 +556,7 @@ async fn long_work(env: &Env, strategy: Strategy) -> anyhow::Result<(Observed, V
         return Ok((Observed::Missed, json!({"why": "app1 never held the lock"})));
     };
     let audit = env.audit().await?;
-    let renewals = env.timeline.count(|e| e.is("app1", "lock renewed"));
+    let renewals = env.timeline.count(|e| e.is("app1", Event::LockRenewed));
     let observed = if a.status != 200 || b.status != 200 {
         Observed::Missed
     } else if !audit.clean {
@@ -577,7 +578,7 @@ async fn process_pause(env: &Env, strategy: Strategy) -> anyhow::Result<(Observe
     env.reset(5).await?;
     let a = env.sale(0, query(strategy, WORK_MS));
     let fault = async {
-        let read = env.wait_event("app1", "stock read").await?;
+        let read = env.wait_event("app1", Event::StockRead).await?;
         env.apps[0].signal("STOP").await.ok()?;
         env.timeline.note(
             "runner",

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use inventory::events::Event;
 use inventory::store::Keys;
 use redis::AsyncCommands;
 
@@ -427,7 +428,7 @@ async fn the_request_id_from_nginx_is_echoed_and_logged() {
     let logged = within(Duration::from_secs(2), || async {
         app.log()
             .lines()
-            .any(|l| l.contains("stock read") && l.contains("req-7f3a9c"))
+            .any(|l| l.contains(Event::StockRead.name()) && l.contains("req-7f3a9c"))
     })
     .await;
     assert!(
