@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -15,9 +16,9 @@ use inventory::store::{Audit, Keys};
 use redis::AsyncCommands;
 use serde::Serialize;
 use serde_json::{Value, json};
+use testkit::{InventoryProcess, LogSink, RedisProcess, default_env};
 use tokio::time::Instant;
 
-use crate::procs::{InventoryProcess, RedisProcess, default_env};
 use crate::timeline::{Entry, Timeline, sale_tag};
 
 /// Short leases make expiry happen in a fraction of a second.
@@ -223,7 +224,11 @@ impl Env {
                 env.insert("LOCK_WAIT_MS".into(), "1000".into());
                 env.insert("LOCK_TTL_MS".into(), "10000".into());
             }
-            apps.push(InventoryProcess::start(bin, name, &env, Some(timeline.clone())).await?);
+            let sink: LogSink = {
+                let timeline = timeline.clone();
+                Arc::new(move |who: &str, line: &str| timeline.record_log(who, line))
+            };
+            apps.push(InventoryProcess::start(bin, name, &env, Some(sink)).await?);
         }
         let env = Self {
             redis,

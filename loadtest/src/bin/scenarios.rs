@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use inventory::lock::Strategy;
-use loadtest::procs::sibling_inventory_binary;
 use loadtest::scenarios::{self, Run, SCENARIOS};
 
 /// Fault scenarios: one fault each, a timeline of what every instance did, and a verdict.
@@ -56,7 +55,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     }
     let bin = match args.inventory_bin {
         Some(path) => path,
-        None => sibling_inventory_binary()?,
+        None => testkit::inventory_binary()?,
     };
     let wanted: Option<Vec<&str>> =
         (args.scenario != "all").then(|| args.scenario.split(',').map(str::trim).collect());
