@@ -22,6 +22,7 @@
 //! - [`server`]: wiring and graceful shutdown, for `main` and for tests.
 
 pub mod config;
+pub mod events;
 pub mod http;
 pub mod idempotency;
 pub mod lock;

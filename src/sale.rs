@@ -201,7 +201,7 @@ impl Seller {
             Ok(_) => metrics.sale(request.strategy, Outcome::Sold),
             Err(e) => {
                 metrics.sale(request.strategy, e.outcome());
-                tracing::info!(order_id = %attempt.order_id, reason = e.code(), "sale refused");
+                tracing::info!(event = crate::events::Event::SaleRefused.name(), order_id = %attempt.order_id, reason = e.code(), "sale refused");
             }
         }
         outcome.map(|sold| Completed {
@@ -335,7 +335,7 @@ impl Seller {
                 });
             }
         };
-        tracing::debug!(%order_id, stock, fence, "stock read");
+        tracing::debug!(event = crate::events::Event::StockRead.name(), %order_id, stock, fence, "stock read");
         let stock = stock.ok_or(SaleError::UnknownItem)?;
         if stock <= 0 {
             return Err(SaleError::SoldOut);
@@ -361,7 +361,7 @@ impl Seller {
     ) -> Result<Sold, SaleError> {
         match recorded {
             Recorded::Written(remaining) => {
-                tracing::info!(order_id = %attempt.order_id, remaining, fence, "sale written");
+                tracing::info!(event = crate::events::Event::SaleWritten.name(), order_id = %attempt.order_id, remaining, fence, "sale written");
                 Ok(Sold {
                     sold: true,
                     remaining,

@@ -11,9 +11,9 @@ use std::time::Duration;
 use anyhow::Context;
 use inventory::lock::Strategy;
 use serde::Serialize;
+use testkit::{InventoryProcess, NginxProcess, RedisProcess};
 
 use crate::lockbench::{self, Contender, Load, RunReport};
-use crate::procs::{self, InventoryProcess, NginxProcess, RedisProcess};
 use crate::{LoadTest, Plan};
 
 pub const README_START: &str = "<!-- bench:start (written by `make bench`) -->";
@@ -98,7 +98,7 @@ pub async fn http(inventory: &Path, options: &Options) -> anyhow::Result<HttpFig
     let redis = RedisProcess::start(&[]).await?;
     let mut instances = Vec::new();
     for name in ["app1", "app2"] {
-        let mut env = procs::default_env(&redis.url(), name);
+        let mut env = testkit::default_env(&redis.url(), name);
         // Logs at debug cost more than a sale; a production instance logs warnings.
         env.insert("RUST_LOG".into(), "warn".into());
         instances.push(InventoryProcess::start(inventory, name, &env, None).await?);
@@ -108,7 +108,7 @@ pub async fn http(inventory: &Path, options: &Options) -> anyhow::Result<HttpFig
         instances
             .iter()
             .map(|i| {
-                let kib = i.pid().and_then(procs::rss_kib).unwrap_or(0);
+                let kib = i.pid().and_then(testkit::rss_kib).unwrap_or(0);
                 (kib as f64 / 1024.0 * 10.0).round() / 10.0
             })
             .collect::<Vec<_>>()

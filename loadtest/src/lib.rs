@@ -8,7 +8,6 @@
 pub mod bench;
 pub mod html;
 pub mod lockbench;
-pub mod procs;
 pub mod scenarios;
 pub mod table;
 pub mod timeline;

@@ -22,11 +22,10 @@ use inventory::metrics::Metrics;
 use inventory::store::Store;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
+use testkit::RedisProcess;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 use tokio::time::Instant;
-
-use crate::procs::RedisProcess;
 
 /// The item whose lock the clients share; the counter lives in the same hash slot.
 const ITEM: &str = "bench";

@@ -1,36 +1,36 @@
 //! What happened, in order: the instances' own log events (read from their JSON logs as they
 //! come) and the runner's notes, each stamped with the time since the scenario began.
+//!
+//! An instance's line is an event when its `event` field names one of
+//! [`inventory::events::Event`], the same type the service's log sites write it with.
 
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
+use inventory::events::{self, Event};
 use serde_json::{Map, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Entry {
     pub at_ms: u64,
     /// `app1`, `app2`, `redis` or `runner`.
     pub who: String,
-    /// The event's message (`lock acquired`, `stock read`, ...) or the runner's note.
-    pub what: String,
-    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub what: What,
+    /// The rest of the event's log line (`owner`, `fence`, `stock`, ...); empty for a note.
     pub fields: Map<String, Value>,
 }
 
-/// The instance events worth a line in the timeline.
-const EVENTS: [&str; 7] = [
-    "lock acquired",
-    "lock released",
-    "lock renewed",
-    "lock lost",
-    "stock read",
-    "sale written",
-    "sale refused",
-];
+/// What an entry says happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum What {
+    /// An instance's own event, from its log.
+    Event(Event),
+    /// The runner's (or Redis's) word, for people.
+    Note(String),
+}
 
 #[derive(Clone)]
 pub struct Timeline(Arc<Inner>);
@@ -62,10 +62,10 @@ impl Timeline {
     }
 
     pub fn note(&self, who: &str, what: impl Into<String>) {
-        self.push(who, what.into(), Map::new());
+        self.push(who, What::Note(what.into()), Map::new());
     }
 
-    fn push(&self, who: &str, what: String, fields: Map<String, Value>) {
+    fn push(&self, who: &str, what: What, fields: Map<String, Value>) {
         let at_ms = self.0.start.elapsed().as_millis() as u64;
         if let Ok(mut entries) = self.0.entries.lock() {
             entries.push(Entry {
@@ -78,19 +78,19 @@ impl Timeline {
         self.0.changed.notify_waiters();
     }
 
-    /// Takes one line of an instance's JSON log; keeps it if it is one of [`EVENTS`].
+    /// Takes one line of an instance's JSON log; keeps it if it names an [`Event`].
     pub fn record_log(&self, instance: &str, line: &str) {
         let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(line) else {
             return;
         };
-        let Some(Value::String(message)) = fields.remove("message") else {
+        let Some(Value::String(name)) = fields.remove(events::FIELD) else {
             return;
         };
-        if EVENTS.contains(&message.as_str()) {
-            for noise in ["timestamp", "level"] {
+        if let Some(event) = Event::from_name(&name) {
+            for noise in ["message", "timestamp", "level"] {
                 fields.remove(noise);
             }
-            self.push(instance, message, fields);
+            self.push(instance, What::Event(event), fields);
         }
     }
 
@@ -139,8 +139,16 @@ impl Timeline {
 }
 
 impl Entry {
-    pub fn is(&self, who: &str, what: &str) -> bool {
-        self.who == who && self.what == what
+    /// Whether `who` logged `event`.
+    pub fn is(&self, who: &str, event: Event) -> bool {
+        self.who == who && self.event() == Some(event)
+    }
+
+    pub fn event(&self) -> Option<Event> {
+        match self.what {
+            What::Event(event) => Some(event),
+            What::Note(_) => None,
+        }
     }
 
     fn field(&self, name: &str) -> Option<&Value> {
@@ -178,23 +186,26 @@ fn describe(e: &Entry) -> String {
         .field("fence")
         .map(|f| format!(" (fence {f})"))
         .unwrap_or_default();
-    match e.what.as_str() {
-        "lock acquired" if e.text("nested") == "true" => format!("{tag}re-entered the lock"),
-        "lock acquired" => format!(
+    let event = match &e.what {
+        What::Event(event) => *event,
+        What::Note(note) => return note.clone(),
+    };
+    match event {
+        Event::LockAcquired if e.text("nested") == "true" => format!("{tag}re-entered the lock"),
+        Event::LockAcquired => format!(
             "{tag}acquired the lock{fence}, after waiting {} ms",
             e.text("waited_ms")
         ),
-        "lock released" => match e.text("released").as_str() {
+        Event::LockReleased => match e.text("released").as_str() {
             "Freed" => format!("{tag}released the lock"),
             "StillHeld" => format!("{tag}left one level of the lock"),
             "NotHeld" => format!("{tag}released: the lock was no longer its own, nothing deleted"),
             other => format!("{tag}released ({other})"),
         },
-        "lock renewed" => format!("{tag}renewed the lock"),
-        "lock lost" => format!("{tag}LOST the lock: {}", e.text("reason")),
-        "stock read" => format!("{tag}read stock {}{fence}", e.text("stock")),
-        "sale written" => format!("{tag}wrote stock {}{fence}", e.text("remaining")),
-        "sale refused" => format!("{tag}sale refused: {}", e.text("reason")),
-        other => other.to_owned(),
+        Event::LockRenewed => format!("{tag}renewed the lock"),
+        Event::LockLost => format!("{tag}LOST the lock: {}", e.text("reason")),
+        Event::StockRead => format!("{tag}read stock {}{fence}", e.text("stock")),
+        Event::SaleWritten => format!("{tag}wrote stock {}{fence}", e.text("remaining")),
+        Event::SaleRefused => format!("{tag}sale refused: {}", e.text("reason")),
     }
 }

@@ -325,7 +325,7 @@ impl Locks {
         if !nested {
             self.cx.store.metrics().lock_wait(strategy, waited);
         }
-        tracing::debug!(%strategy, %owner, fence, nested, waited_ms = waited.as_millis() as u64, "lock acquired");
+        tracing::debug!(event = crate::events::Event::LockAcquired.name(), %strategy, %owner, fence, nested, waited_ms = waited.as_millis() as u64, "lock acquired");
         Ok(Guard {
             strategy,
             owner: owner.clone(),
@@ -357,7 +357,7 @@ impl Locks {
                 release_redis(&self.cx, lock, &owner).await?
             }
         };
-        tracing::debug!(%strategy, %owner, ?released, "lock released");
+        tracing::debug!(event = crate::events::Event::LockReleased.name(), %strategy, %owner, ?released, "lock released");
         Ok(released)
     }
 

@@ -53,17 +53,17 @@ async fn renew_until_stopped(
             Ok(true) => {
                 last_renewed = Instant::now();
                 cx.store.metrics().renewal();
-                tracing::debug!(%owner, "lock renewed");
+                tracing::debug!(event = crate::events::Event::LockRenewed.name(), %owner, "lock renewed");
             }
             Ok(false) => {
                 cx.store.metrics().lock_lost();
-                tracing::warn!(%owner, reason = "renewal found it gone or taken", "lock lost");
+                tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, reason = "renewal found it gone or taken", "lock lost");
                 lost.store(true, Ordering::Release);
                 return;
             }
             Err(e) if last_renewed.elapsed() >= cx.ttl => {
                 cx.store.metrics().lock_lost();
-                tracing::warn!(%owner, error = %e, reason = "could not renew within its lease", "lock lost");
+                tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, error = %e, reason = "could not renew within its lease", "lock lost");
                 lost.store(true, Ordering::Release);
                 return;
             }

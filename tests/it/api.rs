@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-
-use crate::harness::{Cluster, InstanceBuilder, RedisServer};
+use testkit::fixture::{Cluster, InstanceBuilder, RedisServer};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sale_reports_what_it_sold_and_who_sold_it() {

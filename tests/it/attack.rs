@@ -18,10 +18,9 @@ use inventory::lock::Strategy;
 use inventory::store::Keys;
 use redis::AsyncCommands;
 use serde_json::Value;
+use testkit::fixture::{Cluster, Instance, InstanceBuilder, RedisServer, Reply, Stack};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-use crate::harness::{Cluster, Instance, InstanceBuilder, RedisServer, Reply, Stack};
 
 fn lock_key() -> String {
     Keys::new("001").lock

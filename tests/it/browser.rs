@@ -5,12 +5,13 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use fantoccini::{ClientBuilder, Locator};
-use loadtest::procs::{DEFAULT_GRACE, ProcessGroup};
 use nix::sys::signal::Signal;
 use serde_json::json;
+use testkit::fixture::Cluster;
+use testkit::{DEFAULT_GRACE, ProcessGroup};
 use tokio::process::Command;
 
-use crate::harness::{Cluster, free_port};
+use crate::harness::free_port;
 
 /// chromedriver and the Chromium it starts, in one process group: a test that panics with a
 /// session open still leaves no browser behind.

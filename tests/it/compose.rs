@@ -13,10 +13,11 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use loadtest::procs::{DEFAULT_GRACE, ProcessGroup};
 use nix::sys::signal::Signal;
+use testkit::fixture::{Cluster, Stack};
+use testkit::{DEFAULT_GRACE, ProcessGroup};
 
-use crate::harness::{Cluster, Stack, free_port, repo_path};
+use crate::harness::{free_port, repo_path};
 
 // ---------------------------------------------------------------------------------------
 // The Dockerfile
@@ -1136,7 +1137,7 @@ async fn a_client_over_its_connection_limit_gets_a_json_429() {
 /// `Proxy` (as a finished or panicking test does) leaves nothing of its process group.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dropped_test_nginx_leaves_no_worker_behind() {
-    use loadtest::procs::ProcStat;
+    use testkit::ProcStat;
     let proxy = Proxy::start(Conf::Compose, [free_port(), free_port()], &[]).await;
     let master = proxy.process.id().expect("nginx runs");
     let group = |pgrp: u32| {

@@ -10,11 +10,12 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use loadtest::procs::ProcStat;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use testkit::ProcStat;
+use testkit::fixture::Stack;
 
-use crate::harness::{Stack, free_port, repo_path};
+use crate::harness::{free_port, repo_path};
 
 /// What one stack started: where its processes run, the process groups they lead and the
 /// ports they listen on.

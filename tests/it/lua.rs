@@ -9,8 +9,7 @@ use inventory::metrics::Metrics;
 use inventory::store::{Entry, Keys, Recorded, StockRead, Store, scripts};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-
-use crate::harness::RedisServer;
+use testkit::fixture::RedisServer;
 
 const TTL_MS: u64 = 5_000;
 

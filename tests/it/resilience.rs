@@ -5,10 +5,10 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use inventory::events::Event;
 use inventory::store::Keys;
 use redis::AsyncCommands;
-
-use crate::harness::{Cluster, InstanceBuilder, RedisServer, Reply};
+use testkit::fixture::{Cluster, InstanceBuilder, RedisServer, Reply};
 
 /// Polls `check` until it is true or `within` passes; the time it took, if it became true.
 async fn within<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
@@ -427,7 +427,7 @@ async fn the_request_id_from_nginx_is_echoed_and_logged() {
     let logged = within(Duration::from_secs(2), || async {
         app.log()
             .lines()
-            .any(|l| l.contains("stock read") && l.contains("req-7f3a9c"))
+            .any(|l| l.contains(Event::StockRead.name()) && l.contains("req-7f3a9c"))
     })
     .await;
     assert!(
@@ -445,7 +445,7 @@ async fn the_request_id_from_nginx_is_echoed_and_logged() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_redis_password_never_reaches_logs_errors_or_help() {
     const PASSWORD: &str = "pw-Zk39fQ";
-    let redis = crate::harness::RedisServer::start_with(&["--requirepass", PASSWORD]).await;
+    let redis = testkit::fixture::RedisServer::start_with(&["--requirepass", PASSWORD]).await;
     let url = format!("redis://:{PASSWORD}@127.0.0.1:{}", redis.port());
     let wrong = format!("redis://:not-{PASSWORD}@127.0.0.1:{}", redis.port());
 

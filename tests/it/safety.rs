@@ -8,10 +8,9 @@ use inventory::lock::Strategy;
 use inventory::store::Keys;
 use redis::AsyncCommands;
 use serde_json::Value;
+use testkit::fixture::{Cluster, Instance, InstanceBuilder, RedisServer, Reply, Stack};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-use crate::harness::{Cluster, Instance, InstanceBuilder, RedisServer, Reply, Stack};
 
 /// The strategies that take a lock in Redis, or need none: the ones the load test calls SAFE.
 fn safe_strategies() -> Vec<Strategy> {

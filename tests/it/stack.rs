@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use inventory::lock::Strategy;
 use loadtest::{LoadTest, Plan, StrategyReport, Verdict};
+use testkit::fixture::{Cluster, Stack};
 
-use crate::harness::{Cluster, Stack, free_port, repo_path};
+use crate::harness::{free_port, repo_path};
 
 fn plan(stack: &Stack, strategy: Strategy, stock: i64, requests: usize, work_ms: u64) -> Plan {
     Plan {

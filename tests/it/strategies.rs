@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-
-use crate::harness::{Cluster, Reply};
+use testkit::fixture::{Cluster, Reply};
 
 const STOCK: i64 = 5;
 const REQUESTS: usize = 24;

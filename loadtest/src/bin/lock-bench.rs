@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use loadtest::lockbench::{self, Contender, Load};
-use loadtest::procs::RedisProcess;
+use testkit::RedisProcess;
 
 /// Lock bench: acquire -> GET -> SET -> release, C processes, one lock.
 #[derive(Debug, Parser)]

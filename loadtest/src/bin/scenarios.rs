@@ -5,16 +5,15 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use inventory::lock::Strategy;
-use loadtest::procs::sibling_inventory_binary;
-use loadtest::scenarios::{self, Run, SCENARIOS};
+use loadtest::scenarios::{self, Fault, Run};
 
 /// Fault scenarios: one fault each, a timeline of what every instance did, and a verdict.
 #[derive(Debug, Parser)]
 #[command(name = "scenarios", version, about)]
 struct Args {
     /// Scenarios to run (comma-separated), or `all`.
-    #[arg(long, default_value = "all")]
-    scenario: String,
+    #[arg(long, default_value = "all", value_delimiter = ',', value_parser = scenario_arg)]
+    scenario: Vec<Option<Fault>>,
     /// Run only this strategy's row of each scenario (default: both rows).
     #[arg(long)]
     strategy: Option<String>,
@@ -44,31 +43,31 @@ async fn main() -> ExitCode {
     }
 }
 
+/// `all` (every scenario, `None`) or one fault by name; a wrong name lists the valid ones.
+fn scenario_arg(name: &str) -> Result<Option<Fault>, String> {
+    match name.trim() {
+        "all" => Ok(None),
+        name => name.parse().map(Some).map_err(|e| format!("{e}, or all")),
+    }
+}
+
 async fn run(args: Args) -> anyhow::Result<bool> {
     if args.list {
-        for s in SCENARIOS {
+        for fault in Fault::ALL {
+            let s = fault.scenario();
             println!(
                 "{:<14} {} (flaw: {}, survives: {})",
-                s.name, s.fault, s.flawed, s.survivor
+                fault, s.description, s.flawed, s.survivor
             );
         }
         return Ok(true);
     }
     let bin = match args.inventory_bin {
         Some(path) => path,
-        None => sibling_inventory_binary()?,
+        None => testkit::inventory_binary()?,
     };
-    let wanted: Option<Vec<&str>> =
-        (args.scenario != "all").then(|| args.scenario.split(',').map(str::trim).collect());
-    if let Some(names) = &wanted {
-        for name in names {
-            anyhow::ensure!(
-                scenarios::find(name).is_some(),
-                "unknown scenario {name:?}; valid: {}",
-                SCENARIOS.map(|s| s.name).join(", ")
-            );
-        }
-    }
+    // `all` anywhere in the list means every scenario.
+    let wanted: Option<Vec<Fault>> = args.scenario.iter().copied().collect();
     let only: Option<Strategy> = args
         .strategy
         .as_deref()
@@ -77,17 +76,22 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         .map_err(anyhow::Error::msg)?;
     let rows: Vec<_> = scenarios::rows()
         .into_iter()
-        .filter(|(s, _)| wanted.as_ref().is_none_or(|w| w.contains(&s.name)))
+        .filter(|(fault, _)| wanted.as_ref().is_none_or(|w| w.contains(fault)))
         .filter(|(_, strategy)| only.is_none_or(|o| o == *strategy))
         .collect();
     anyhow::ensure!(!rows.is_empty(), "no scenario matches");
 
     let mut runs = Vec::new();
-    for (scenario, strategy) in rows {
+    for (fault, strategy) in rows {
         if !args.json {
-            println!("== {} / {}: {}", scenario.name, strategy, scenario.fault);
+            println!(
+                "== {} / {}: {}",
+                fault,
+                strategy,
+                fault.scenario().description
+            );
         }
-        let run = scenarios::run_bounded(scenario, strategy, &bin, args.attempts).await?;
+        let run = scenarios::run_bounded(fault, strategy, &bin, args.attempts).await?;
         if args.json {
             println!("{}", serde_json::to_string(&run)?);
         } else {

@@ -1,0 +1,280 @@
+//! Fault scenarios: each provokes one fault against its own `redis-server` and two
+//! `inventory` processes, records what happened, and judges it from the evidence (statuses,
+//! the audit, the keys in Redis), never from the strategy's name. Each scenario is run for
+//! the strategy that shows the flaw and for the one that survives it.
+//!
+//! One file per fault, named after it, holds its description, its two strategies, any
+//! setting it needs, and how it is provoked and judged; [`Fault`] lists them, and a match on
+//! it (never on a name) picks the file. What they share is in `env.rs` (the processes and
+//! the requests) and, for `slow-holder` and `release-race`, `handover.rs`.
+//!
+//! A module of `loadtest` rather than a crate of its own: the scenarios are read through
+//! this crate's timeline, run by its `scenarios` binary, and start their processes with
+//! `testkit` like the rest of it; a crate of their own would still depend on this one (or
+//! take the timeline with it) and only add a build unit, with no new boundary to keep.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+use inventory::lock::Strategy;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use env::Env;
+
+mod crash_holder;
+mod env;
+mod handover;
+mod long_work;
+mod mixed_writers;
+mod process_pause;
+mod reentry;
+mod release_race;
+mod slow_holder;
+mod two_instances;
+
+/// One fault, provoked on demand; each has a file of its own, named after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fault {
+    TwoInstances,
+    CrashHolder,
+    SlowHolder,
+    ReleaseRace,
+    Reentry,
+    LongWork,
+    ProcessPause,
+    MixedWriters,
+}
+
+impl Fault {
+    /// Every fault, in the order of the story (each row's flawed strategy is the survivor
+    /// of the row before, until `mixed-writers`).
+    pub const ALL: [Fault; 8] = [
+        Fault::TwoInstances,
+        Fault::CrashHolder,
+        Fault::SlowHolder,
+        Fault::ReleaseRace,
+        Fault::Reentry,
+        Fault::LongWork,
+        Fault::ProcessPause,
+        Fault::MixedWriters,
+    ];
+
+    /// Its name on the command line, in `--json` and in the test names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Fault::TwoInstances => "two-instances",
+            Fault::CrashHolder => "crash-holder",
+            Fault::SlowHolder => "slow-holder",
+            Fault::ReleaseRace => "release-race",
+            Fault::Reentry => "reentry",
+            Fault::LongWork => "long-work",
+            Fault::ProcessPause => "process-pause",
+            Fault::MixedWriters => "mixed-writers",
+        }
+    }
+
+    /// What it does, and the strategy expected to fall to it and the one to survive it.
+    pub const fn scenario(self) -> Scenario {
+        match self {
+            Fault::TwoInstances => two_instances::SCENARIO,
+            Fault::CrashHolder => crash_holder::SCENARIO,
+            Fault::SlowHolder => slow_holder::SCENARIO,
+            Fault::ReleaseRace => release_race::SCENARIO,
+            Fault::Reentry => reentry::SCENARIO,
+            Fault::LongWork => long_work::SCENARIO,
+            Fault::ProcessPause => process_pause::SCENARIO,
+            Fault::MixedWriters => mixed_writers::SCENARIO,
+        }
+    }
+
+    /// The settings it needs beyond the common ones, for instance `app`.
+    fn configure(self, app: &str, env: &mut BTreeMap<String, String>) {
+        match self {
+            Fault::ReleaseRace => release_race::configure(app, env),
+            Fault::Reentry => reentry::configure(app, env),
+            Fault::TwoInstances
+            | Fault::CrashHolder
+            | Fault::SlowHolder
+            | Fault::LongWork
+            | Fault::ProcessPause
+            | Fault::MixedWriters => {}
+        }
+    }
+
+    /// Provokes it on `env` with `strategy`, and judges what happened.
+    async fn provoke(self, env: &Env, strategy: Strategy) -> anyhow::Result<(Observed, Value)> {
+        match self {
+            Fault::TwoInstances => two_instances::run(env, strategy).await,
+            Fault::CrashHolder => crash_holder::run(env, strategy).await,
+            Fault::SlowHolder => slow_holder::run(env, strategy).await,
+            Fault::ReleaseRace => release_race::run(env, strategy).await,
+            Fault::Reentry => reentry::run(env, strategy).await,
+            Fault::LongWork => long_work::run(env, strategy).await,
+            Fault::ProcessPause => process_pause::run(env, strategy).await,
+            Fault::MixedWriters => mixed_writers::run(env, strategy).await,
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `pad`, so that `{:<14}` lines a table up as it does for a `&str`.
+        f.pad(self.name())
+    }
+}
+
+impl FromStr for Fault {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.name() == name)
+            .ok_or_else(|| {
+                let valid: Vec<_> = Self::ALL.iter().map(|f| f.name()).collect();
+                format!("unknown scenario {name:?}; valid: {}", valid.join(", "))
+            })
+    }
+}
+
+/// A fault's row pair: what it does, the strategy that falls to it, the one that survives.
+#[derive(Debug, Clone, Copy)]
+pub struct Scenario {
+    pub description: &'static str,
+    /// The strategy expected to show the flaw.
+    pub flawed: Strategy,
+    /// The next strategy, expected to survive it.
+    pub survivor: Strategy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Observed {
+    Flaw,
+    Safe,
+    /// The fault did not take place (the timing missed): neither verdict.
+    Missed,
+}
+
+impl std::fmt::Display for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Observed::Flaw => "flaw",
+            Observed::Safe => "safe",
+            Observed::Missed => "missed",
+        })
+    }
+}
+
+/// One run: `--json` prints exactly this (without the timeline), one per line.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub scenario: &'static str,
+    pub strategy: &'static str,
+    pub expected: Observed,
+    pub observed: Observed,
+    pub ok: bool,
+    pub details: Value,
+    #[serde(skip)]
+    pub timeline: String,
+}
+
+/// Runs `fault`'s scenario for `strategy`. A run whose fault did not take place is tried
+/// again, up to `attempts` times; the attempts are reported in the details.
+pub async fn run(
+    fault: Fault,
+    strategy: Strategy,
+    bin: &Path,
+    attempts: u32,
+) -> anyhow::Result<Run> {
+    let expected = if strategy == fault.scenario().flawed {
+        Observed::Flaw
+    } else {
+        Observed::Safe
+    };
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let env = Env::start(bin, fault).await?;
+        let (observed, mut details) = fault.provoke(&env, strategy).await?;
+        if observed == Observed::Missed && attempt < attempts {
+            continue;
+        }
+        details["attempts"] = json!(attempt);
+        return Ok(Run {
+            scenario: fault.name(),
+            strategy: strategy.name(),
+            expected,
+            observed,
+            ok: observed == expected,
+            details,
+            timeline: env.timeline.render(),
+        });
+    }
+}
+
+/// Every row: each scenario for its flawed strategy, then for its survivor.
+pub fn rows() -> Vec<(Fault, Strategy)> {
+    Fault::ALL
+        .into_iter()
+        .flat_map(|f| {
+            let s = f.scenario();
+            [(f, s.flawed), (f, s.survivor)]
+        })
+        .collect()
+}
+
+/// How long a run may take at most, for callers that want a bound.
+pub const RUN_BOUND: Duration = Duration::from_secs(60);
+
+pub async fn run_bounded(
+    fault: Fault,
+    strategy: Strategy,
+    bin: &Path,
+    attempts: u32,
+) -> anyhow::Result<Run> {
+    let started = Instant::now();
+    tokio::time::timeout(RUN_BOUND, run(fault, strategy, bin, attempts))
+        .await
+        .with_context(|| {
+            format!(
+                "{} / {} took longer than {:?}",
+                fault,
+                strategy,
+                started.elapsed()
+            )
+        })?
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn every_fault_is_found_by_its_name_and_a_wrong_name_lists_the_valid_ones() {
+        for fault in Fault::ALL {
+            assert_eq!(fault.name().parse::<Fault>(), Ok(fault));
+        }
+        let error = "release_race".parse::<Fault>().unwrap_err();
+        assert!(
+            error.contains("valid: two-instances, crash-holder"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn each_row_pair_is_two_different_strategies() {
+        for fault in Fault::ALL {
+            let s = fault.scenario();
+            assert_ne!(s.flawed, s.survivor, "{fault}");
+        }
+        assert_eq!(rows().len(), 2 * Fault::ALL.len());
+    }
+}

@@ -1,0 +1,138 @@
+//! `redis-server` on a free port, in a temporary directory of its own.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use nix::sys::signal::Signal;
+use redis::aio::MultiplexedConnection;
+use tempfile::TempDir;
+use tokio::process::Command;
+use tokio::time::Instant;
+
+use crate::group::{DEFAULT_GRACE, ProcessGroup, signal_named};
+use crate::{START_ATTEMPTS, free_port, read_log};
+
+pub struct RedisProcess {
+    process: ProcessGroup,
+    pub port: u16,
+    dir: TempDir,
+    extra: Vec<String>,
+}
+
+impl RedisProcess {
+    /// `extra` is passed on to `redis-server` (`--notify-keyspace-events Ex`, say).
+    pub async fn start(extra: &[&str]) -> anyhow::Result<Self> {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut last_log = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let dir = tempfile::tempdir()?;
+            let port = free_port()?;
+            let process = spawn_redis(port, dir.path(), &extra)?;
+            let server = RedisProcess {
+                process,
+                port,
+                dir,
+                extra: extra.clone(),
+            };
+            if server.wait_ready(Duration::from_secs(5)).await {
+                return Ok(server);
+            }
+            last_log = server.log();
+        }
+        bail!("redis-server did not start; its last log:\n{last_log}")
+    }
+
+    /// Starts the server again on the same port and directory (with `--appendonly yes` in
+    /// `extra`, it comes back with its data), after a [`stop`](Self::stop).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop().await;
+        for _ in 0..START_ATTEMPTS {
+            self.process = spawn_redis(self.port, self.dir.path(), &self.extra)?;
+            if self.wait_ready(Duration::from_secs(5)).await {
+                return Ok(());
+            }
+        }
+        bail!("redis-server did not restart; its log:\n{}", self.log())
+    }
+
+    /// Sends a signal by name (`STOP` freezes it: connections hang instead of failing).
+    pub async fn signal(&self, name: &str) -> anyhow::Result<()> {
+        self.process.signal(signal_named(name)?)
+    }
+
+    async fn wait_ready(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(mut c) = self.connection().await {
+                match redis::cmd("PING").query_async::<String>(&mut c).await {
+                    // A server with `--requirepass` is up when it asks for the password.
+                    Ok(_) => return true,
+                    Err(e) if e.code() == Some("NOAUTH") => return true,
+                    Err(_) => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
+    pub fn log(&self) -> String {
+        read_log(&self.dir.path().join("redis.log"))
+    }
+
+    /// Kills the server (SIGKILL, a crash as far as its data is concerned) and waits for it
+    /// to be gone.
+    pub async fn stop(&mut self) {
+        self.process.kill();
+    }
+
+    /// Stops the server the way an operator would (SIGTERM: it finishes what it is writing),
+    /// then makes sure nothing of it is left.
+    pub async fn shutdown(&mut self) {
+        self.process.stop().await;
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.process.id()
+    }
+
+    /// Its data directory, which is also its working directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> anyhow::Result<ProcessGroup> {
+    let mut command = Command::new("redis-server");
+    command
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--appendonly", "no", "--dir"])
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .args(extra)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    ProcessGroup::spawn(&mut command, Signal::SIGTERM, DEFAULT_GRACE)
+        .context("cannot run redis-server: install it (apt-get install redis-server)")
+}
