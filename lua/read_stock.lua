@@ -5,18 +5,22 @@
 -- KEYS[1]: the stock key
 -- KEYS[2]: the newest fencing token the store has seen
 -- KEYS[3]: the count of lock-free writes (atomic sales and resets)
+-- KEYS[4]: the count of writes made under the other kind of lock (a single-node lock for
+--          a quorum-lock reader, and the reverse): those writers never waited for this
+--          reader's lock, so its write must notice them
 -- ARGV[1]: the reader's fencing token, or '' when the strategy has none
--- returns: {1, stock, lock-free writes} when the token is current or absent (stock is -1
---          when the key is missing); {0, newest, 0} when a newer token has been seen: the
---          reader no longer holds the lock
+-- returns: {1, stock, lock-free writes, other-lock writes} when the token is current or
+--          absent (stock is -1 when the key is missing); {0, newest, 0, 0} when a newer
+--          token has been seen: the reader no longer holds the lock
 local token = tonumber(ARGV[1])
 if token then
   local newest = tonumber(redis.call('GET', KEYS[2]) or '0')
   if token < newest then
-    return {0, newest, 0}
+    return {0, newest, 0, 0}
   end
   if token > newest then
     redis.call('SET', KEYS[2], token)
   end
 end
-return {1, tonumber(redis.call('GET', KEYS[1]) or '-1'), tonumber(redis.call('GET', KEYS[3]) or '0')}
+return {1, tonumber(redis.call('GET', KEYS[1]) or '-1'), tonumber(redis.call('GET', KEYS[3]) or '0'),
+  tonumber(redis.call('GET', KEYS[4]) or '0')}

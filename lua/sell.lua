@@ -5,8 +5,9 @@
 --   mode 'locked': the tutorial's read-modify-write. The caller read the stock under its
 --     lock and sends the value to write; a stale caller overwrites newer stock (that is
 --     what the unsafe locks show). Refused when the store saw a newer fencing token, or
---     when a writer that takes no lock (an `atomic` sale, a reset) wrote since the read:
---     a lock protects only the writers that take it, so those writers announce themselves.
+--     when a writer that takes no lock (an `atomic` sale, a reset), or one that takes the
+--     other kind of lock (single-node vs quorum), wrote since the read: a lock protects
+--     only the writers that take it, so the others announce themselves.
 --   mode 'atomic': no lock; decrement if anything is left, and announce the lock-free write.
 -- KEYS[1]: the stock key
 -- KEYS[2]: the ledger (a stream of at most ARGV[7] entries)
@@ -18,6 +19,8 @@
 -- KEYS[7]: the count of lock-free writes (atomic sales and resets), never reset
 -- KEYS[8]: the sale's idempotency key (untouched when ARGV[5] is '')
 -- KEYS[9]: the initial stock (the bitmap counts down from it)
+-- KEYS[10]: 'locked' only: the count of writes under the other kind of lock (checked)
+-- KEYS[11]: 'locked' only: the count of writes under this kind of lock (incremented)
 -- ARGV[1]: mode, 'locked' or 'atomic'
 -- ARGV[2]: order id
 -- ARGV[3]: instance name
@@ -28,9 +31,10 @@
 -- ARGV[8]: 'locked' only: the new stock value
 -- ARGV[9]: 'locked' only: the fencing token, or '' when the strategy has none
 -- ARGV[10]: 'locked' only: the lock-free write count the caller read with the stock
+-- ARGV[11]: 'locked' only: the other-lock write count the caller read with the stock
 -- returns: {1, stock left} when sold; {0, newest token} for a stale fencing token;
 --          {2, 0} when the idempotency claim expired or was taken; {3, 0} when a lock-free
---          writer wrote since the read; {4, 0} when the stock key is missing (never stocked,
+--          writer, or one under the other kind of lock, wrote since the read; {4, 0} when the stock key is missing (never stocked,
 --          or Redis lost its data); {5, 0} when nothing is left (atomic only).
 --          Nothing is written in any case but the first.
 local locked = ARGV[1] == 'locked'
@@ -50,9 +54,11 @@ if not current then
 end
 local remaining
 if locked then
-  if (redis.call('GET', KEYS[7]) or '0') ~= ARGV[10] then
+  if (redis.call('GET', KEYS[7]) or '0') ~= ARGV[10]
+      or (redis.call('GET', KEYS[10]) or '0') ~= ARGV[11] then
     return {3, 0}
   end
+  redis.call('INCR', KEYS[11])
   if fence then
     redis.call('SET', KEYS[6], fence)
   end

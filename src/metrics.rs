@@ -3,6 +3,7 @@
 //! exists from the start and a scrape never allocates a label map.
 
 use std::fmt::Write;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -84,8 +85,39 @@ impl Histogram {
     }
 }
 
+/// What one node of a quorum lock answered to one acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vote {
+    Granted,
+    /// Held by another owner.
+    Busy,
+    /// No answer in time, or an error.
+    Failed,
+}
+
+impl Vote {
+    const ALL: [Vote; 3] = [Vote::Granted, Vote::Busy, Vote::Failed];
+
+    fn label(self) -> &'static str {
+        match self {
+            Vote::Granted => "granted",
+            Vote::Busy => "busy",
+            Vote::Failed => "failed",
+        }
+    }
+}
+
+struct NodeVotes {
+    node: String,
+    votes: [AtomicU64; 3],
+}
+
 #[derive(Default)]
 pub struct Metrics {
+    /// The nodes of `LOCK_NODES` (host:port), set once at start-up.
+    nodes: OnceLock<Vec<NodeVotes>>,
+    quorum_failures: AtomicU64,
+    validity_left: Histogram,
     sales: [[AtomicU64; OUTCOMES]; STRATEGIES],
     lock_wait: [Histogram; STRATEGIES],
     renewals: AtomicU64,
@@ -120,6 +152,36 @@ impl Metrics {
 
     pub fn lock_lost(&self) {
         self.locks_lost.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Names the nodes of a quorum lock (host:port, never a password), in `LOCK_NODES` order.
+    pub fn register_nodes(&self, nodes: Vec<String>) {
+        let nodes = nodes
+            .into_iter()
+            .map(|node| NodeVotes {
+                node,
+                votes: Default::default(),
+            })
+            .collect();
+        let _ = self.nodes.set(nodes);
+    }
+
+    pub fn node_vote(&self, node: usize, vote: Vote) {
+        let v = Vote::ALL.iter().position(|x| *x == vote).unwrap_or(0);
+        if let Some(n) = self.nodes.get().and_then(|nodes| nodes.get(node)) {
+            n.votes[v].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A quorum acquire's result: the validity left when a majority granted it in time,
+    /// `None` when it failed.
+    pub fn quorum(&self, validity_left: Option<Duration>) {
+        match validity_left {
+            Some(left) => self.validity_left.observe(left),
+            None => {
+                self.quorum_failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     pub fn redis_error(&self) {
@@ -169,7 +231,44 @@ impl Metrics {
             );
         }
 
+        if let Some(nodes) = self.nodes.get() {
+            out.push_str("# HELP inventory_lock_node_votes_total Answers of each lock node to quorum acquires.\n");
+            out.push_str("# TYPE inventory_lock_node_votes_total counter\n");
+            for n in nodes {
+                for (vote, count) in Vote::ALL.iter().zip(&n.votes) {
+                    let _ = writeln!(
+                        out,
+                        "inventory_lock_node_votes_total{{node=\"{}\",vote=\"{}\"}} {}",
+                        n.node,
+                        vote.label(),
+                        load(count)
+                    );
+                }
+            }
+            let h = &self.validity_left;
+            out.push_str("# HELP inventory_lock_validity_left_seconds Lease left when a quorum acquire succeeded (lease - time spent - drift).\n");
+            out.push_str("# TYPE inventory_lock_validity_left_seconds histogram\n");
+            for (bound, bucket) in WAIT_BUCKETS.iter().zip(&h.buckets) {
+                let _ = writeln!(
+                    out,
+                    "inventory_lock_validity_left_seconds_bucket{{le=\"{bound}\"}} {}",
+                    load(bucket)
+                );
+            }
+            let count = load(&h.count);
+            let _ = writeln!(
+                out,
+                "inventory_lock_validity_left_seconds_bucket{{le=\"+Inf\"}} {count}\ninventory_lock_validity_left_seconds_sum {}\ninventory_lock_validity_left_seconds_count {count}",
+                load(&h.sum_micros) as f64 / 1e6
+            );
+        }
+
         for (name, help, value) in [
+            (
+                "inventory_lock_quorum_failures_total",
+                "Quorum acquires that did not reach a majority within the validity.",
+                &self.quorum_failures,
+            ),
             (
                 "inventory_lock_renewals_total",
                 "Lease renewals made by the watchdog.",

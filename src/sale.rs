@@ -14,7 +14,7 @@ use crate::idempotency;
 use crate::idempotency::{Claim, Next, Prior, SoldEntry};
 use crate::lock::{Guard, LockError, Locks, atomic_sell};
 use crate::metrics::Outcome;
-use crate::store::{Entry, Recorded, StockRead, Store};
+use crate::store::{Entry, LockKind, Recorded, StockRead, Store};
 use crate::strategy::Strategy;
 
 /// The hard ceiling of simulated business time; the configured one (`MAX_WORK_MS`) is
@@ -326,8 +326,13 @@ impl Seller {
     ) -> Result<Sold, SaleError> {
         let order_id = &attempt.order_id;
         let fence = guard.fence();
-        let (stock, lockfree) = match self.store.read_for_sale(fence).await? {
-            StockRead::Current { stock, lockfree } => (stock, lockfree),
+        let kind = if attempt.request.strategy.info().quorum {
+            LockKind::Quorum
+        } else {
+            LockKind::SingleNode
+        };
+        let (stock, seen) = match self.store.read_for_sale(kind, fence).await? {
+            StockRead::Current { stock, seen } => (stock, seen),
             StockRead::Stale { newest } => {
                 return Err(SaleError::StaleFence {
                     token: fence.unwrap_or(0),
@@ -346,7 +351,7 @@ impl Seller {
         }
         let recorded = self
             .store
-            .record_sale(stock - 1, &attempt.entry(&self.instance), fence, lockfree)
+            .record_sale(stock - 1, &attempt.entry(&self.instance), fence, seen)
             .await
             .map_err(after_write)?;
         self.recorded(attempt, recorded, fence, guard.waited())

@@ -41,6 +41,7 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
         Duration::from_millis(config.release_gap_ms),
     )
     .with_nodes(lock_nodes(config, store.metrics_handle())?);
+    check_quorum_setup(config, locks.nodes())?;
     let state = AppState {
         seller: Seller {
             instance: instance.clone(),
@@ -164,6 +165,47 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// Says at start-up what is wrong with Redis, when something is: a wrong password fails
 /// every sale, and should not first be discovered by a buyer.
+/// A quorum strategy as the default needs nodes; an even number of nodes, or fewer than
+/// three, works but tolerates no more failures than one node fewer (or none at all).
+fn check_quorum_setup(config: &Config, nodes: &[Store]) -> anyhow::Result<()> {
+    if config.lock_strategy.info().quorum && nodes.is_empty() {
+        anyhow::bail!(
+            "LOCK_STRATEGY={} needs LOCK_NODES (independent Redis nodes, comma-separated URLs)",
+            config.lock_strategy
+        );
+    }
+    let n = nodes.len();
+    if n > 0 && (n < 3 || n.is_multiple_of(2)) {
+        let tolerates = n - crate::lock::redlock::quorum(n);
+        tracing::warn!(
+            nodes = n,
+            tolerates,
+            "LOCK_NODES has {n} node(s): a majority is {} of them, so the lock survives {tolerates} \
+             node(s) down; use an odd number, at least 3",
+            crate::lock::redlock::quorum(n)
+        );
+    }
+    for node in nodes {
+        tokio::spawn(report_node_at_start(node.clone()));
+    }
+    Ok(())
+}
+
+async fn report_node_at_start(node: Store) {
+    let name = node.address();
+    match node.ping().await {
+        Ok(()) => tracing::info!(node = %name, "lock node reachable"),
+        Err(e) if crate::store::is_auth_error(&e) => tracing::error!(
+            node = %name,
+            "lock node {name} refused the credentials in LOCK_NODES: it will never vote"
+        ),
+        Err(e) => tracing::error!(
+            node = %name, error = %e,
+            "lock node {name} is not reachable: quorum locks count it as a failed vote until it answers"
+        ),
+    }
+}
+
 async fn report_redis_at_start(store: Store) {
     match store.ping().await {
         Ok(()) => tracing::info!("redis reachable"),

@@ -34,6 +34,8 @@ pub mod scripts {
     script!(SELL, "sell.lua");
     script!(RESET, "reset.lua");
     script!(IDEMPOTENCY_SETTLE, "idempotency_settle.lua");
+    script!(EXTEND_OWNED, "extend_owned.lua");
+    script!(NEXT_FENCE, "next_fence.lua");
 
     // One builder per script: the only place that knows its KEYS and ARGV layout, used by
     // the store, the locks and the Lua tests alike.
@@ -83,11 +85,31 @@ pub mod scripts {
         i
     }
 
-    /// `{1, stock or -1, lockfree writes}`, or `{0, newest token}` for a stale `fence`.
-    pub fn read_stock(keys: &Keys, fence: Option<u64>) -> ScriptInvocation<'static> {
+    /// 1 when `owner` still held the string lock at `lock` and its lease was extended.
+    pub fn extend_owned(lock: &str, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
+        let mut i = EXTEND_OWNED.key(lock);
+        i.arg(owner).arg(ttl_ms);
+        i
+    }
+
+    /// The next fencing token, above `newest` even if the counter was lost.
+    pub fn next_fence(keys: &Keys, newest: u64) -> ScriptInvocation<'static> {
+        let mut i = NEXT_FENCE.key(&keys.fence);
+        i.arg(newest);
+        i
+    }
+
+    /// `{1, stock or -1, lock-free writes, other-lock writes}`, or `{0, newest token, 0,
+    /// 0}` for a stale `fence`.
+    pub fn read_stock(
+        keys: &Keys,
+        kind: LockKind,
+        fence: Option<u64>,
+    ) -> ScriptInvocation<'static> {
         let mut i = READ_STOCK.key(&keys.stock);
         i.key(&keys.fence_seen)
             .key(&keys.lockfree_writes)
+            .key(keys.locked_writes(kind.other()))
             .arg(fence.map(|f| f.to_string()).unwrap_or_default());
         i
     }
@@ -99,7 +121,7 @@ pub mod scripts {
         Locked {
             new_stock: i64,
             fence: Option<u64>,
-            lockfree: i64,
+            seen: WritesSeen,
         },
     }
 
@@ -118,7 +140,14 @@ pub mod scripts {
             .key(&keys.fence_seen)
             .key(&keys.lockfree_writes)
             .key(entry.claim_key(keys))
-            .key(&keys.initial)
+            .key(&keys.initial);
+        // Without a lock the two counters are neither checked nor touched.
+        let kind = match mode {
+            SellMode::Locked { seen, .. } => seen.kind,
+            SellMode::Atomic => LockKind::SingleNode,
+        };
+        i.key(keys.locked_writes(kind.other()))
+            .key(keys.locked_writes(kind))
             .arg(match mode {
                 SellMode::Atomic => "atomic",
                 SellMode::Locked { .. } => "locked",
@@ -132,12 +161,13 @@ pub mod scripts {
         if let SellMode::Locked {
             new_stock,
             fence,
-            lockfree,
+            seen,
         } = mode
         {
             i.arg(new_stock)
                 .arg(fence.map(|f| f.to_string()).unwrap_or_default())
-                .arg(lockfree);
+                .arg(seen.lockfree)
+                .arg(seen.other_locks);
         }
         i
     }
@@ -196,6 +226,11 @@ pub struct Keys {
     /// Writes that take no lock (atomic sales, resets); a locked write refuses to land
     /// after one it did not see. Never reset.
     pub lockfree_writes: String,
+    /// Writes made under single-node locks, and under quorum locks: the two kinds never
+    /// wait for each other's lock, so each kind's write refuses to land after one of the
+    /// other kind that it did not see. Never reset.
+    pub single_node_writes: String,
+    pub quorum_writes: String,
     pub fence: String,
     pub fence_seen: String,
     pub lock: String,
@@ -218,6 +253,8 @@ impl Keys {
             sold: key("sold"),
             duplicates: key("duplicates"),
             lockfree_writes: key("lockfree_writes"),
+            single_node_writes: key("writes:single-node"),
+            quorum_writes: key("writes:quorum"),
             fence: key("fence"),
             fence_seen: key("fence:seen"),
             lock: key("lock"),
@@ -227,10 +264,44 @@ impl Keys {
         }
     }
 
+    pub fn locked_writes(&self, kind: LockKind) -> &str {
+        match kind {
+            LockKind::SingleNode => &self.single_node_writes,
+            LockKind::Quorum => &self.quorum_writes,
+        }
+    }
+
     /// Where the outcome of a sale sent with `Idempotency-Key: <key>` is kept.
     pub fn idempotency(&self, key: &str) -> String {
         format!("{}{key}", self.idempotency_prefix)
     }
+}
+
+/// Where a locked sale's lock lives: next to the stock, or on a majority of `LOCK_NODES`.
+/// Locks of different kinds do not exclude each other, so the store tells their writes
+/// apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockKind {
+    SingleNode,
+    Quorum,
+}
+
+impl LockKind {
+    fn other(self) -> Self {
+        match self {
+            LockKind::SingleNode => LockKind::Quorum,
+            LockKind::Quorum => LockKind::SingleNode,
+        }
+    }
+}
+
+/// What a locked sale's read saw of the writers its lock does not exclude; its write
+/// refuses to land if any of them wrote since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WritesSeen {
+    kind: LockKind,
+    lockfree: i64,
+    other_locks: i64,
 }
 
 /// A handle to Redis for one item: one multiplexed connection shared by every request (no
@@ -336,7 +407,10 @@ pub enum Recorded {
 pub enum StockRead {
     /// The stock (`None` when the key is missing) and the lock-free write count to hand back
     /// to [`Store::record_sale`].
-    Current { stock: Option<i64>, lockfree: i64 },
+    Current {
+        stock: Option<i64>,
+        seen: WritesSeen,
+    },
     /// The store has seen a newer fencing token than the reader's.
     Stale { newest: u64 },
 }
@@ -383,6 +457,11 @@ impl Store {
         self.metrics.clone()
     }
 
+    /// `host:port` of the server (never the password), for logs and metrics labels.
+    pub fn address(&self) -> String {
+        self.client.get_connection_info().addr().to_string()
+    }
+
     pub fn client(&self) -> &Client {
         &self.client
     }
@@ -419,15 +498,23 @@ impl Store {
 
     /// Reads the stock for a locked sale, with what its write must check; a fenced reader's
     /// token is registered with the store in the same step.
-    pub async fn read_for_sale(&self, fence: Option<u64>) -> RedisResult<StockRead> {
-        let read = &scripts::read_stock(&self.keys, fence);
-        let (ok, value, lockfree): (i64, i64, i64) = self
+    pub async fn read_for_sale(
+        &self,
+        kind: LockKind,
+        fence: Option<u64>,
+    ) -> RedisResult<StockRead> {
+        let read = &scripts::read_stock(&self.keys, kind, fence);
+        let (ok, value, lockfree, other_locks): (i64, i64, i64, i64) = self
             .call(|mut c| async move { read.invoke_async(&mut c).await })
             .await?;
         Ok(match ok {
             1 => StockRead::Current {
                 stock: (value >= 0).then_some(value),
-                lockfree,
+                seen: WritesSeen {
+                    kind,
+                    lockfree,
+                    other_locks,
+                },
             },
             _ => StockRead::Stale {
                 newest: value.max(0) as u64,
@@ -436,18 +523,19 @@ impl Store {
     }
 
     /// Writes the stock a locked sale computed and records the sale, atomically; refused
-    /// when a newer token or a lock-free write came after the read.
+    /// when a newer token, a lock-free write or a write under the other kind of lock came
+    /// after the read.
     pub async fn record_sale(
         &self,
         new_stock: i64,
         entry: &Entry<'_>,
         fence: Option<u64>,
-        lockfree: i64,
+        seen: WritesSeen,
     ) -> RedisResult<Recorded> {
         let mode = scripts::SellMode::Locked {
             new_stock,
             fence,
-            lockfree,
+            seen,
         };
         self.sell(entry, mode).await
     }

@@ -32,6 +32,8 @@ pub enum RedisLock {
     Reentrant,
     Watchdog,
     Fenced,
+    Redlock,
+    RedlockFenced,
 }
 
 /// One row of the strategy table: what the strategy is, and what it still gets wrong.
@@ -40,7 +42,7 @@ pub enum RedisLock {
     "protocol": "SET NX PX ttl, DEL to release",
     "fixes": "a crashed holder no longer blocks every later sale: the key expires",
     "flaw": "work longer than the TTL: the late holder DELs someone else's lock",
-    "reentrant": false, "renews": false, "fenced": false, "release_checks_owner": false,
+    "reentrant": false, "renews": false, "fenced": false, "release_checks_owner": false, "quorum": false,
     "distributed": true}))]
 pub struct StrategyInfo {
     pub name: &'static str,
@@ -60,13 +62,15 @@ pub struct StrategyInfo {
     pub fenced: bool,
     /// The release deletes the lock only for its owner, in one atomic step.
     pub release_checks_owner: bool,
+    /// The lock is held by a majority of the independent nodes of `LOCK_NODES`.
+    pub quorum: bool,
     /// Safe across instances (the lock, or the sale itself, lives in Redis).
     pub distributed: bool,
 }
 
 impl Strategy {
     /// Every strategy, in the order of the story.
-    pub const ALL: [Strategy; 10] = [
+    pub const ALL: [Strategy; 12] = [
         Strategy::None,
         Strategy::Local,
         Strategy::Redis(RedisLock::Setnx),
@@ -76,6 +80,8 @@ impl Strategy {
         Strategy::Redis(RedisLock::Reentrant),
         Strategy::Redis(RedisLock::Watchdog),
         Strategy::Redis(RedisLock::Fenced),
+        Strategy::Redis(RedisLock::Redlock),
+        Strategy::Redis(RedisLock::RedlockFenced),
         Strategy::Atomic,
     ];
 
@@ -116,6 +122,8 @@ impl RedisLock {
             RedisLock::Reentrant => &REENTRANT,
             RedisLock::Watchdog => &WATCHDOG,
             RedisLock::Fenced => &FENCED,
+            RedisLock::Redlock => &REDLOCK,
+            RedisLock::RedlockFenced => &REDLOCK_FENCED,
         }
     }
 }
@@ -166,6 +174,7 @@ const NONE: StrategyInfo = StrategyInfo {
     renews: false,
     fenced: false,
     release_checks_owner: false,
+    quorum: false,
     distributed: false,
 };
 
@@ -180,6 +189,7 @@ const LOCAL: StrategyInfo = StrategyInfo {
     renews: false,
     fenced: false,
     release_checks_owner: false,
+    quorum: false,
     distributed: false,
 };
 
@@ -194,6 +204,7 @@ const SETNX: StrategyInfo = StrategyInfo {
     renews: false,
     fenced: false,
     release_checks_owner: false,
+    quorum: false,
     distributed: true,
 };
 
@@ -208,6 +219,7 @@ const SETNX_TTL: StrategyInfo = StrategyInfo {
     renews: false,
     fenced: false,
     release_checks_owner: false,
+    quorum: false,
     distributed: true,
 };
 
@@ -222,6 +234,7 @@ const OWNER_CHECK: StrategyInfo = StrategyInfo {
     renews: false,
     fenced: false,
     release_checks_owner: false,
+    quorum: false,
     distributed: true,
 };
 
@@ -236,6 +249,7 @@ const LUA_RELEASE: StrategyInfo = StrategyInfo {
     renews: false,
     fenced: false,
     release_checks_owner: true,
+    quorum: false,
     distributed: true,
 };
 
@@ -250,6 +264,7 @@ const REENTRANT: StrategyInfo = StrategyInfo {
     renews: false,
     fenced: false,
     release_checks_owner: true,
+    quorum: false,
     distributed: true,
 };
 
@@ -264,6 +279,7 @@ const WATCHDOG: StrategyInfo = StrategyInfo {
     renews: true,
     fenced: false,
     release_checks_owner: true,
+    quorum: false,
     distributed: true,
 };
 
@@ -278,6 +294,37 @@ const FENCED: StrategyInfo = StrategyInfo {
     renews: true,
     fenced: true,
     release_checks_owner: true,
+    quorum: false,
+    distributed: true,
+};
+
+const REDLOCK: StrategyInfo = StrategyInfo {
+    name: "redlock",
+    aliases: &[],
+    seed: "beyond",
+    protocol: "SET NX PX on N independent nodes at once; held by a majority within the validity",
+    fixes: "one Redis node is no longer a single point of failure: a minority may be down",
+    flaw: "no fencing token: a holder paused past its validity writes late; a node restarted empty can grant the lock twice",
+    reentrant: false,
+    renews: true,
+    fenced: false,
+    release_checks_owner: true,
+    quorum: true,
+    distributed: true,
+};
+
+const REDLOCK_FENCED: StrategyInfo = StrategyInfo {
+    name: "redlock-fenced",
+    aliases: &[],
+    seed: "beyond",
+    protocol: "redlock + a fencing token from the stock's Redis, checked by the stock read and write",
+    fixes: "the paused holder's late write, and a double grant after a node restart, are refused at the stock",
+    flaw: "the token lives on the stock's single Redis: the sale is as available as that node",
+    reentrant: false,
+    renews: true,
+    fenced: true,
+    release_checks_owner: true,
+    quorum: true,
     distributed: true,
 };
 
@@ -292,6 +339,7 @@ const ATOMIC: StrategyInfo = StrategyInfo {
     renews: false,
     fenced: false,
     release_checks_owner: false,
+    quorum: false,
     distributed: true,
 };
 

@@ -73,11 +73,18 @@ fn strategy_schema() -> ObjectBuilder {
 }
 
 impl SaleQuery {
-    fn into_request(self, default: Strategy, max_work: Duration) -> Result<SaleRequest, ApiError> {
-        let strategy = match self.strategy.as_deref() {
-            None => default,
+    fn into_request(self, app: &AppState) -> Result<SaleRequest, ApiError> {
+        let strategy: Strategy = match self.strategy.as_deref() {
+            None => app.default_strategy,
             Some(name) => name.parse().map_err(ApiError::BadRequest)?,
         };
+        if strategy.info().quorum && app.seller.locks.nodes().is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "strategy {strategy} needs independent lock nodes, and this instance has none: \
+                 start it with LOCK_NODES=redis://host:port,redis://host:port,redis://host:port"
+            )));
+        }
+        let max_work = app.max_work;
         let work_ms = self.work_ms.unwrap_or(0);
         let max = max_work.as_millis() as u64;
         if work_ms > max.min(MAX_WORK_MS) {
@@ -109,7 +116,7 @@ async fn sale(
     headers: SaleHeaders,
     ApiQuery(query): ApiQuery<SaleQuery>,
 ) -> Result<Response, ApiError> {
-    let request = query.into_request(app.default_strategy, app.max_work)?;
+    let request = query.into_request(&app)?;
     let key = headers.idempotency_key;
     // The sale runs in its own task: a client that hangs up must not abandon it half-way,
     // between taking the lock and releasing it. The task keeps the request's span, and so

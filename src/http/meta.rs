@@ -75,6 +75,18 @@ async fn strategies(State(app): State<Arc<AppState>>) -> Json<Strategies> {
 pub struct Status {
     pub status: String,
     pub instance: String,
+    /// The lock nodes of `LOCK_NODES` and whether each answered (readiness only; absent
+    /// when none are configured).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lock_nodes: Vec<NodeStatus>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"node": "127.0.0.1:7001", "ok": true}))]
+pub struct NodeStatus {
+    /// `host:port` (never a password).
+    pub node: String,
+    pub ok: bool,
 }
 
 /// Liveness
@@ -90,26 +102,61 @@ async fn health(State(app): State<Arc<AppState>>) -> Json<Status> {
     Json(Status {
         status: "ok".into(),
         instance: app.seller.instance.clone(),
+        lock_nodes: Vec::new(),
     })
 }
 
 /// Readiness
 ///
-/// 200 when Redis answers a PING within the Redis timeout, 503 otherwise.
+/// 200 when Redis answers a PING within the Redis timeout and, with `LOCK_NODES`, a
+/// majority of the lock nodes answer too (each is listed with its answer); 503 otherwise.
 #[utoipa::path(
     get,
     path = "/ready",
     tag = TAG_SERVICE,
     responses(
-        (status = 200, description = "Redis is reachable", body = Status),
+        (status = 200, description = "Redis is reachable (and a majority of the lock nodes, if any)", body = Status,
+            example = json!({"status": "ready", "instance": "app1:7777", "lock_nodes": [
+                {"node": "127.0.0.1:7001", "ok": true}, {"node": "127.0.0.1:7002", "ok": false},
+                {"node": "127.0.0.1:7003", "ok": true}]})),
         (status = 503, description = "Redis did not answer", body = ErrorBody,
             example = json!({"error": "redis_unavailable", "message": "Redis did not answer; retry shortly"})),
     )
 )]
 async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiError> {
-    app.seller.store.ping().await?;
+    let nodes = app.seller.locks.nodes();
+    let (stock, answers) = tokio::join!(
+        app.seller.store.ping(),
+        futures_util::future::join_all(nodes.iter().map(ping_twice))
+    );
+    stock?;
+    let lock_nodes: Vec<NodeStatus> = nodes
+        .iter()
+        .zip(&answers)
+        .map(|(node, answer)| NodeStatus {
+            node: node.address(),
+            ok: answer.is_ok(),
+        })
+        .collect();
+    let answered = lock_nodes.iter().filter(|n| n.ok).count();
+    if !nodes.is_empty()
+        && answered < crate::lock::redlock::quorum(nodes.len())
+        && let Some(Err(e)) = answers.into_iter().find(Result::is_err)
+    {
+        return Err(e.into());
+    }
     Ok(Json(Status {
         status: "ready".into(),
         instance: app.seller.instance.clone(),
+        lock_nodes,
     }))
+}
+
+/// A node's first command after it restarted fails and makes its connection reconnect: one
+/// more try tells a node that is back from one that is down.
+async fn ping_twice(node: &crate::store::Store) -> redis::RedisResult<()> {
+    match node.ping().await {
+        Err(_) => node.ping().await,
+        ok => ok,
+    }
 }

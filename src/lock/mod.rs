@@ -15,6 +15,7 @@ mod local;
 mod lua_release;
 mod none;
 mod owner_check;
+pub mod redlock;
 mod reentrant;
 pub mod renewal;
 mod setnx;
@@ -154,6 +155,14 @@ macro_rules! on_lock {
                 type $L = fenced::Fenced;
                 $body
             }
+            RedisLock::Redlock => {
+                type $L = redlock::Redlock;
+                $body
+            }
+            RedisLock::RedlockFenced => {
+                type $L = redlock::RedlockFenced;
+                $body
+            }
         }
     };
 }
@@ -264,6 +273,10 @@ impl Locks {
 
     /// Adds the independent nodes a quorum lock is taken on.
     pub fn with_nodes(mut self, nodes: Vec<Store>) -> Self {
+        self.cx
+            .store
+            .metrics()
+            .register_nodes(nodes.iter().map(Store::address).collect());
         self.cx.nodes = nodes.into();
         self
     }
@@ -405,10 +418,9 @@ async fn delete_and_announce(cx: &LockCx, owner: &str) -> RedisResult<Released> 
 
 /// `SET lock owner NX [PX ttl]` and, in the same round trip, the lock's `PTTL`, so a failed
 /// attempt knows how long the holder may keep it.
-async fn set_nx(cx: &LockCx, owner: &str, ttl: Option<Duration>) -> RedisResult<Attempt> {
-    let key = &cx.store.keys.lock;
-    let (set, pttl): (Option<String>, i64) = cx
-        .store
+async fn set_nx(store: &Store, owner: &str, ttl: Option<Duration>) -> RedisResult<Attempt> {
+    let key = &store.keys.lock;
+    let (set, pttl): (Option<String>, i64) = store
         .call(|mut c| async move {
             let mut set = redis::cmd("SET");
             set.arg(key).arg(owner).arg("NX");

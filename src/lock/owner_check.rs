@@ -12,7 +12,7 @@ pub(super) struct OwnerCheck;
 
 impl RedisLockOps for OwnerCheck {
     async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-        super::set_nx(cx, owner, Some(cx.ttl)).await
+        super::set_nx(&cx.store, owner, Some(cx.ttl)).await
     }
 
     async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {

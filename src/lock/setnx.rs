@@ -11,7 +11,7 @@ pub(super) struct Setnx;
 
 impl RedisLockOps for Setnx {
     async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-        super::set_nx(cx, owner, None).await
+        super::set_nx(&cx.store, owner, None).await
     }
 
     async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {

@@ -11,7 +11,7 @@ pub(super) struct SetnxTtl;
 
 impl RedisLockOps for SetnxTtl {
     async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
-        super::set_nx(cx, owner, Some(cx.ttl)).await
+        super::set_nx(&cx.store, owner, Some(cx.ttl)).await
     }
 
     async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {

@@ -51,9 +51,19 @@ pub type LogSink = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
 /// Every setting of an instance, passed explicitly so the environment of whoever runs the
 /// scenarios or tests cannot change what they do.
+///
+/// The quorum lock's three nodes default to three databases of the same server: every
+/// strategy then works everywhere a test runs them all, and the quorum's logic (votes,
+/// give-back, owner-checked release on each node) runs for real. What only separate
+/// processes can show (a node down, slow or cut off) is tested with nodes of its own.
 pub fn default_env(redis_url: &str, name: &str) -> BTreeMap<String, String> {
+    let lock_nodes = (1..=3)
+        .map(|db| format!("{redis_url}/{db}"))
+        .collect::<Vec<_>>()
+        .join(",");
     [
         ("REDIS_URL", redis_url),
+        ("LOCK_NODES", &lock_nodes),
         ("INSTANCE_NAME", name),
         ("BIND_ADDR", "127.0.0.1"),
         ("LOCK_STRATEGY", "fenced"),

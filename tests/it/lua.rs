@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use inventory::idempotency::{Claim, Next};
 use inventory::metrics::Metrics;
-use inventory::store::{Entry, Keys, Recorded, StockRead, Store, scripts};
+use inventory::store::{Entry, Keys, LockKind, Recorded, StockRead, Store, WritesSeen, scripts};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use testkit::fixture::RedisServer;
@@ -259,15 +259,23 @@ async fn the_fenced_write_refuses_a_token_older_than_the_newest_seen() {
     assert_eq!(read(&store, Some(8)).await.0, Some(9));
     assert_eq!(write(8, 7).await, Recorded::StaleFence { newest: 8 });
     assert_eq!(
-        store.read_for_sale(Some(7)).await.unwrap(),
+        store
+            .read_for_sale(LockKind::SingleNode, Some(7))
+            .await
+            .unwrap(),
         StockRead::Stale { newest: 8 }
     );
 }
 
-/// What a locked sale reads: the stock and the lock-free write count its write hands back.
-async fn read(store: &Store, fence: Option<u64>) -> (Option<i64>, i64) {
-    match store.read_for_sale(fence).await.unwrap() {
-        StockRead::Current { stock, lockfree } => (stock, lockfree),
+/// What a locked sale under a single-node lock reads: the stock, and what its write hands
+/// back (the writes its lock does not exclude).
+async fn read(store: &Store, fence: Option<u64>) -> (Option<i64>, WritesSeen) {
+    read_as(store, LockKind::SingleNode, fence).await
+}
+
+async fn read_as(store: &Store, kind: LockKind, fence: Option<u64>) -> (Option<i64>, WritesSeen) {
+    match store.read_for_sale(kind, fence).await.unwrap() {
+        StockRead::Current { stock, seen } => (stock, seen),
         StockRead::Stale { newest } => panic!("stale: {newest}"),
     }
 }
@@ -316,13 +324,17 @@ async fn the_atomic_sale_stops_at_zero() {
 async fn no_write_creates_a_stock_that_is_not_there() {
     let (redis, mut c, k) = setup().await;
     let store = store(&redis);
-    assert_eq!(read(&store, None).await.0, None);
+    let (stock, seen) = read(&store, None).await;
+    assert_eq!(stock, None);
     assert_eq!(
         store.atomic_sale(&entry(None)).await.unwrap(),
         Recorded::Unstocked
     );
     assert_eq!(
-        store.record_sale(41, &entry(None), None, 0).await.unwrap(),
+        store
+            .record_sale(41, &entry(None), None, seen)
+            .await
+            .unwrap(),
         Recorded::Unstocked
     );
     let exists: bool = c.exists(&k.stock).await.unwrap();
