@@ -22,13 +22,17 @@ REDIS_PORT=${REDIS_PORT:-6380}
 APP1_PORT=${APP1_PORT:-7777}
 APP2_PORT=${APP2_PORT:-8888}
 NGINX_PORT=${NGINX_PORT:-8080}
+# Three independent Redis nodes for the quorum lock (`redlock`, `redlock-fenced`).
+LOCK1_PORT=${LOCK1_PORT:-6381}
+LOCK2_PORT=${LOCK2_PORT:-6382}
+LOCK3_PORT=${LOCK3_PORT:-6383}
 INVENTORY_BIN=$(realpath -m "${INVENTORY_BIN:-$root/target/release/inventory}")
 NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-30}
 # How long `down` waits for a graceful stop before it kills what is left.
 STOP_TIMEOUT_S=${STOP_TIMEOUT_S:-10}
 
-services=(redis app1 app2 nginx)
+services=(redis lock1 lock2 lock3 app1 app2 nginx)
 
 pidfile() { echo "$RUN_DIR/$1.pid"; }
 # Alive and not a zombie: an exited process stays visible to `kill -0` until whoever
@@ -38,6 +42,7 @@ running() { local f; f=$(pidfile "$1"); [ -s "$f" ] && alive "$(cat "$f")"; }
 port_of() {
   case $1 in
     redis) echo "$REDIS_PORT" ;; app1) echo "$APP1_PORT" ;;
+    lock1) echo "$LOCK1_PORT" ;; lock2) echo "$LOCK2_PORT" ;; lock3) echo "$LOCK3_PORT" ;;
     app2) echo "$APP2_PORT" ;; nginx) echo "$NGINX_PORT" ;;
   esac
 }
@@ -64,6 +69,22 @@ start_redis() {
   die "redis-server did not answer on port $REDIS_PORT; see $RUN_DIR/redis.log"
 }
 
+# A lock node keeps nothing on disk: it holds only leases. The price, which the Redlock
+# algorithm states, is that a node must not come back before a lease (LOCK_TTL_MS) has
+# passed, or a second owner can reach a majority with it while the first still holds the
+# lock; this script never restarts one by itself (`make scenarios` shows the double grant).
+start_lock_node() {
+  local name=$1 port=$2
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    --daemonize yes --pidfile "$(pidfile "$name")" \
+    --logfile "$RUN_DIR/$name.log" >/dev/null
+  for _ in $(seq 100); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  die "lock node $name did not answer on port $port; see $RUN_DIR/$name.log"
+}
+
 start_app() {
   local name=$1 port=$2
   [ -x "$INVENTORY_BIN" ] || die "no binary at $INVENTORY_BIN (build it: cargo build --release)"
@@ -72,6 +93,7 @@ start_app() {
   # fork: a background job of a script is no group leader), so $! is the instance itself.
   PORT=$port BIND_ADDR=127.0.0.1 INSTANCE_NAME=$name \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
+    LOCK_NODES="redis://127.0.0.1:$LOCK1_PORT,redis://127.0.0.1:$LOCK2_PORT,redis://127.0.0.1:$LOCK3_PORT" \
     setsid "$INVENTORY_BIN" >>"$RUN_DIR/$name.log" 2>&1 </dev/null &
   echo $! >"$(pidfile "$name")"
 }
@@ -116,6 +138,7 @@ up() {
     port=$(port_of "$svc")
     case $svc in
       redis) start_redis ;;
+      lock1 | lock2 | lock3) start_lock_node "$svc" "$port" ;;
       app1 | app2) start_app "$svc" "$port" ;;
       nginx) start_nginx ;;
     esac
@@ -182,6 +205,9 @@ down() {
   stop_service app1 TERM "$app" || status=1
   stop_service app2 TERM "$app" || status=1
   stop_service redis TERM redis || status=1
+  stop_service lock1 TERM redis || status=1
+  stop_service lock2 TERM redis || status=1
+  stop_service lock3 TERM redis || status=1
   return $status
 }
 

@@ -33,8 +33,10 @@ pub struct Config {
 
     /// Independent Redis nodes for a lock that a majority of them must grant, as
     /// comma-separated URLs (`redis://host:port,...`); the stock stays on `REDIS_URL`.
-    #[arg(long, env = "LOCK_NODES", value_parser = LockNodes::parse, hide_env_values = true)]
-    pub lock_nodes: Option<LockNodes>,
+    /// Checked by [`Config::lock_nodes`], not by the parser: a parser's error would quote
+    /// the whole value, passwords included.
+    #[arg(long, env = "LOCK_NODES", hide_env_values = true)]
+    pub lock_nodes: Option<String>,
 
     /// Name reported in `X-Instance` and in every sale; defaults to `<host>:<port>`.
     #[arg(long, env = "INSTANCE_NAME")]
@@ -138,6 +140,11 @@ impl Config {
         self.instance_name
             .clone()
             .unwrap_or_else(|| format!("{}:{}", hostname(), self.port))
+    }
+
+    /// The nodes of `LOCK_NODES`, checked one by one; errors hide passwords.
+    pub fn lock_nodes(&self) -> Result<Option<LockNodes>, String> {
+        self.lock_nodes.as_deref().map(LockNodes::parse).transpose()
     }
 
     pub fn lock_ttl(&self) -> Duration {

@@ -61,7 +61,7 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
 /// One store per `LOCK_NODES` node, each with the item's key names and its own connection;
 /// like the stock's, none is contacted before it is needed.
 fn lock_nodes(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Vec<Store>> {
-    let Some(nodes) = &config.lock_nodes else {
+    let Some(nodes) = config.lock_nodes().map_err(|e| anyhow::anyhow!(e))? else {
         return Ok(Vec::new());
     };
     nodes

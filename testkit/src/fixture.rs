@@ -141,6 +141,12 @@ impl InstanceBuilder {
         self
     }
 
+    /// Leaves a setting out (the instance then uses its own default).
+    pub fn unset(mut self, key: &str) -> Self {
+        self.env.remove(key);
+        self
+    }
+
     /// Starts [`inventory_binary`] with these settings and waits for `/health`.
     pub async fn start(self) -> Instance {
         let bin = inventory_binary().unwrap();

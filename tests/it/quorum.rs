@@ -1,0 +1,181 @@
+//! The quorum lock on separate `redis-server` nodes: it works while a majority answers,
+//! says which node is missing, fails fast when a majority is gone, and refuses to run
+//! without nodes.
+
+use std::time::Duration;
+
+use clap::Parser;
+use inventory::config::Config;
+use serde_json::Value;
+use testkit::fixture::{Instance, InstanceBuilder, RedisServer};
+
+const QUORUM_STRATEGIES: [&str; 2] = ["redlock", "redlock-fenced"];
+
+/// Three lock nodes, each its own process, and one instance using them.
+async fn with_three_nodes(
+    configure: impl Fn(InstanceBuilder) -> InstanceBuilder,
+) -> (RedisServer, Vec<RedisServer>, Instance) {
+    let redis = RedisServer::start().await;
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(RedisServer::start().await);
+    }
+    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let app = configure(
+        InstanceBuilder::new(&redis, "app1")
+            .env("LOCK_NODES", list.join(","))
+            .env("REDIS_TIMEOUT_MS", 300),
+    )
+    .start()
+    .await;
+    (redis, nodes, app)
+}
+
+fn node_states(ready: &Value) -> Vec<bool> {
+    ready["lock_nodes"]
+        .as_array()
+        .map(|nodes| nodes.iter().map(|n| n["ok"] == true).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_quorum_lock_sells_with_one_node_of_three_down_and_fails_fast_without_a_majority() {
+    let (_redis, mut nodes, app) = with_three_nodes(|b| b).await;
+    app.reset(100).await;
+    let ready = app.get("/ready").await;
+    assert_eq!(
+        (ready.status, node_states(&ready.body)),
+        (200, vec![true; 3])
+    );
+    for strategy in QUORUM_STRATEGIES {
+        assert_eq!(app.sale(&format!("strategy={strategy}")).await.status, 200);
+    }
+
+    nodes[1].stop().await;
+    for strategy in QUORUM_STRATEGIES {
+        for _ in 0..5 {
+            let sale = app.sale(&format!("strategy={strategy}")).await;
+            assert_eq!(sale.status, 200, "{strategy} with one node down: {sale:?}");
+        }
+    }
+    let ready = app.get("/ready").await;
+    assert_eq!(
+        (ready.status, node_states(&ready.body)),
+        (200, vec![true, false, true]),
+        "{:?}",
+        ready.body
+    );
+    let metrics = app.get("/metrics").await;
+    let text = metrics.body.as_str().unwrap();
+    let failed_on_node_2 = format!(
+        "inventory_lock_node_votes_total{{node=\"127.0.0.1:{}\",vote=\"failed\"}}",
+        nodes[1].port()
+    );
+    let failed: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&failed_on_node_2))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {failed_on_node_2} in\n{text}"));
+    assert!(failed >= 10.0, "{failed_on_node_2} = {failed}");
+
+    // Without a majority no acquirer can win: a fast 503, not a wait for the budget.
+    nodes[2].stop().await;
+    for strategy in QUORUM_STRATEGIES {
+        let sale = app.sale(&format!("strategy={strategy}")).await;
+        assert_eq!(
+            (sale.status, sale.error_code()),
+            (503, "redis_unavailable"),
+            "{strategy}: {sale:?}"
+        );
+        assert!(
+            sale.elapsed < Duration::from_secs(2),
+            "{strategy}: {sale:?}"
+        );
+    }
+    assert_eq!(app.get("/ready").await.status, 503);
+    // The other strategies do not depend on the lock nodes.
+    assert_eq!(app.sale("strategy=fenced").await.status, 200);
+
+    // Back to a majority: the quorum lock sells again by itself.
+    nodes[2].restart().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if app.sale("strategy=redlock").await.status == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let audit = app.audit().await;
+    assert_eq!(audit["clean"], true, "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quorum_sale_without_lock_nodes_is_a_400_naming_the_setting() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .unset("LOCK_NODES")
+        .start()
+        .await;
+    app.reset(5).await;
+    for strategy in QUORUM_STRATEGIES {
+        let sale = app.sale(&format!("strategy={strategy}")).await;
+        assert_eq!((sale.status, sale.error_code()), (400, "bad_request"));
+        assert!(
+            sale.body["message"]
+                .as_str()
+                .unwrap()
+                .contains("LOCK_NODES"),
+            "{:?}",
+            sale.body
+        );
+    }
+    let ready = app.get("/ready").await;
+    assert_eq!(ready.status, 200);
+    assert!(ready.body.get("lock_nodes").is_none(), "{:?}", ready.body);
+    assert_eq!(app.audit().await["sales"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_lock_node_settings_are_refused_at_start_up_by_name_and_without_the_password() {
+    let parse = |args: &[&str]| {
+        Config::try_parse_from(std::iter::once("inventory").chain(args.iter().copied()))
+    };
+    // Checked after parsing: a parser's own error would quote the value, password included.
+    let config = parse(&[
+        "--lock-nodes",
+        "redis://:s3cret@127.0.0.1:1,tcp://:s3cret@h:2",
+    ])
+    .unwrap();
+    let err = inventory::server::build(&config).unwrap_err().to_string();
+    assert!(err.contains("node 2") && !err.contains("s3cret"), "{err}");
+
+    let config = parse(&["--lock-strategy", "redlock"]).unwrap();
+    let err = inventory::server::build(&config).unwrap_err().to_string();
+    assert!(err.contains("LOCK_NODES"), "{err}");
+
+    // An unreachable node is named in the log (never with its password), and the instance
+    // still starts: nodes may come up after it.
+    let redis = RedisServer::start().await;
+    let dead = format!(
+        "redis://:s3cret@127.0.0.1:{}",
+        testkit::free_port().unwrap()
+    );
+    let alive: Vec<RedisServer> = vec![RedisServer::start().await, RedisServer::start().await];
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env(
+            "LOCK_NODES",
+            format!("{},{dead},{}", alive[0].url(), alive[1].url()),
+        )
+        .start()
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !app.log().contains("lock node 127.0.0.1") {
+        assert!(tokio::time::Instant::now() < deadline, "{}", app.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(app.log().contains("is not reachable"), "{}", app.log());
+    assert!(!app.log().contains("s3cret"), "{}", app.log());
+    app.reset(3).await;
+    assert_eq!(app.sale("strategy=redlock").await.status, 200);
+}
