@@ -62,11 +62,16 @@ start_redis() {
     --appendonly yes --appendfsync everysec \
     --dir "$RUN_DIR/redis" --daemonize yes --pidfile "$(pidfile redis)" \
     --logfile "$RUN_DIR/redis.log" >/dev/null
+  wait_for_redis redis "$REDIS_PORT"
+}
+
+wait_for_redis() {
+  local name=$1 port=$2
   for _ in $(seq 100); do
-    redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0
+    redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
     sleep 0.1
   done
-  die "redis-server did not answer on port $REDIS_PORT; see $RUN_DIR/redis.log"
+  die "$name did not answer on port $port; see $RUN_DIR/$name.log"
 }
 
 # A lock node keeps nothing on disk: it holds only leases. The price, which the Redlock
@@ -78,11 +83,7 @@ start_lock_node() {
   redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
     --daemonize yes --pidfile "$(pidfile "$name")" \
     --logfile "$RUN_DIR/$name.log" >/dev/null
-  for _ in $(seq 100); do
-    redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  die "lock node $name did not answer on port $port; see $RUN_DIR/$name.log"
+  wait_for_redis "$name" "$port"
 }
 
 start_app() {

@@ -83,6 +83,30 @@ impl Histogram {
         self.sum_micros
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
+
+    /// Its series: buckets, `+Inf`, sum and count; `labels` is empty or ends with a comma.
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (bound, bucket) in WAIT_BUCKETS.iter().zip(&self.buckets) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}le=\"{bound}\"}} {}",
+                load(bucket)
+            );
+        }
+        let count = load(&self.count);
+        let plain = labels.trim_end_matches(',');
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {count}");
+        let sum = load(&self.sum_micros) as f64 / 1e6;
+        if plain.is_empty() {
+            let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+        } else {
+            let _ = writeln!(
+                out,
+                "{name}_sum{{{plain}}} {sum}\n{name}_count{{{plain}}} {count}"
+            );
+        }
+    }
 }
 
 /// What one node of a quorum lock answered to one acquire.
@@ -208,26 +232,10 @@ impl Metrics {
         out.push_str("# HELP inventory_lock_wait_seconds Time spent waiting for the lock.\n");
         out.push_str("# TYPE inventory_lock_wait_seconds histogram\n");
         for (strategy, h) in Strategy::ALL.iter().zip(&self.lock_wait) {
-            for (bound, bucket) in WAIT_BUCKETS.iter().zip(&h.buckets) {
-                let _ = writeln!(
-                    out,
-                    "inventory_lock_wait_seconds_bucket{{strategy=\"{strategy}\",le=\"{bound}\"}} {}",
-                    load(bucket)
-                );
-            }
-            let count = load(&h.count);
-            let _ = writeln!(
-                out,
-                "inventory_lock_wait_seconds_bucket{{strategy=\"{strategy}\",le=\"+Inf\"}} {count}"
-            );
-            let _ = writeln!(
-                out,
-                "inventory_lock_wait_seconds_sum{{strategy=\"{strategy}\"}} {}",
-                load(&h.sum_micros) as f64 / 1e6
-            );
-            let _ = writeln!(
-                out,
-                "inventory_lock_wait_seconds_count{{strategy=\"{strategy}\"}} {count}"
+            h.render(
+                &mut out,
+                "inventory_lock_wait_seconds",
+                &format!("strategy=\"{strategy}\","),
             );
         }
 
@@ -245,22 +253,10 @@ impl Metrics {
                     );
                 }
             }
-            let h = &self.validity_left;
             out.push_str("# HELP inventory_lock_validity_left_seconds Lease left when a quorum acquire succeeded (lease - time spent - drift).\n");
             out.push_str("# TYPE inventory_lock_validity_left_seconds histogram\n");
-            for (bound, bucket) in WAIT_BUCKETS.iter().zip(&h.buckets) {
-                let _ = writeln!(
-                    out,
-                    "inventory_lock_validity_left_seconds_bucket{{le=\"{bound}\"}} {}",
-                    load(bucket)
-                );
-            }
-            let count = load(&h.count);
-            let _ = writeln!(
-                out,
-                "inventory_lock_validity_left_seconds_bucket{{le=\"+Inf\"}} {count}\ninventory_lock_validity_left_seconds_sum {}\ninventory_lock_validity_left_seconds_count {count}",
-                load(&h.sum_micros) as f64 / 1e6
-            );
+            self.validity_left
+                .render(&mut out, "inventory_lock_validity_left_seconds", "");
         }
 
         for (name, help, value) in [

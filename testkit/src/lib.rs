@@ -22,6 +22,7 @@ use std::path::Path;
 pub mod fixture;
 pub mod group;
 pub mod inventory;
+pub mod native;
 pub mod nginx;
 pub mod redis;
 

@@ -776,7 +776,9 @@ async fn attack_redis_frozen_repeatedly_under_load_with_keys_sells_each_key_once
     .await;
     cluster.instances[0].reset(1_000).await;
     let strategies = ["fenced", "atomic", "lua-release", "watchdog", "owner-check"];
-    let global = Instant::now() + Duration::from_secs(10);
+    // Generous: 77 locked sales of 30 ms queue on one lock, and a loaded CI machine
+    // stretches that; what the test holds to is that every key ends, and sells once.
+    let global = Instant::now() + Duration::from_secs(20);
     let buyers = (0..24).map(|n| {
         let cluster = &cluster;
         async move {
@@ -784,7 +786,7 @@ async fn attack_redis_frozen_repeatedly_under_load_with_keys_sells_each_key_once
             for k in 0..4 {
                 let key = format!("buyer{n}-sale{k}");
                 let strategy = strategies[(n + k) % strategies.len()];
-                let deadline = (Instant::now() + Duration::from_secs(5)).min(global);
+                let deadline = (Instant::now() + Duration::from_secs(10)).min(global);
                 loop {
                     let app = &cluster.instances[(n + k) % 2];
                     let r = app

@@ -1146,6 +1146,11 @@ async fn a_dropped_test_nginx_leaves_no_worker_behind() {
             .filter(|p| p.pgrp == pgrp && !p.is_zombie())
             .count()
     };
+    // The master forks its workers after it has started: on a busy machine, a moment later.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while group(master) < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         group(master) >= 2,
         "the scan sees the master and its workers"

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use testkit::ProcStat;
 use testkit::fixture::Stack;
+use testkit::{ProcStat, native};
 
-use crate::harness::{free_port, repo_path};
+use crate::harness::repo_path;
 
 /// What one stack started: where its processes run, the process groups they lead and the
 /// ports they listen on.
@@ -205,28 +205,25 @@ async fn a_stack_dropped_by_a_panicking_test_leaves_nothing() {
 /// The native stack on free ports in a temporary run directory, with the debug binary.
 struct NativeStack {
     run_dir: tempfile::TempDir,
-    ports: [u16; 4],
+    ports: native::Ports,
 }
 
 impl NativeStack {
     fn new() -> Self {
         Self {
             run_dir: tempfile::tempdir().unwrap(),
-            ports: [free_port(), free_port(), free_port(), free_port()],
+            ports: native::free_ports(),
         }
     }
 
     fn script(&self, verb: &str) -> String {
-        let output = Command::new(repo_path("scripts/stack.sh"))
-            .arg(verb)
-            .env("RUN_DIR", self.run_dir.path())
-            .env("REDIS_PORT", self.ports[0].to_string())
-            .env("APP1_PORT", self.ports[1].to_string())
-            .env("APP2_PORT", self.ports[2].to_string())
-            .env("NGINX_PORT", self.ports[3].to_string())
-            .env("INVENTORY_BIN", env!("CARGO_BIN_EXE_inventory"))
-            .output()
-            .expect("run scripts/stack.sh");
+        let output = native::stack_script(
+            &repo_path("scripts/stack.sh"),
+            self.run_dir.path(),
+            &self.ports,
+            env!("CARGO_BIN_EXE_inventory").as_ref(),
+            verb,
+        );
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&output.stdout),
@@ -245,15 +242,13 @@ impl NativeStack {
     fn footprint(&self) -> Footprint {
         Footprint {
             dirs: vec![self.run_dir.path().to_owned()],
-            leaders: ["redis", "app1", "app2", "nginx"]
-                .map(|s| self.pid(s))
-                .into(),
+            leaders: native::SERVICES.map(|s| self.pid(s)).into(),
             ports: self.ports.into(),
         }
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.ports[3])
+        format!("http://127.0.0.1:{}{path}", native::nginx_port(&self.ports))
     }
 }
 

@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use inventory::lock::Strategy;
 use loadtest::{LoadTest, Plan, StrategyReport, Verdict};
 use testkit::fixture::{Cluster, Stack};
+use testkit::native;
 
-use crate::harness::{free_port, repo_path};
+use crate::harness::repo_path;
 
 fn plan(stack: &Stack, strategy: Strategy, stock: i64, requests: usize, work_ms: u64) -> Plan {
     Plan {
@@ -170,17 +171,18 @@ async fn killing_an_instance_under_load_loses_no_sale_and_sells_none_twice() {
     );
 }
 
-fn stack_script(run_dir: &std::path::Path, ports: [u16; 4], verb: &str) -> std::process::Output {
-    Command::new(repo_path("scripts/stack.sh"))
-        .arg(verb)
-        .env("RUN_DIR", run_dir)
-        .env("REDIS_PORT", ports[0].to_string())
-        .env("APP1_PORT", ports[1].to_string())
-        .env("APP2_PORT", ports[2].to_string())
-        .env("NGINX_PORT", ports[3].to_string())
-        .env("INVENTORY_BIN", env!("CARGO_BIN_EXE_inventory"))
-        .output()
-        .expect("run scripts/stack.sh")
+fn stack_script(
+    run_dir: &std::path::Path,
+    ports: native::Ports,
+    verb: &str,
+) -> std::process::Output {
+    native::stack_script(
+        &repo_path("scripts/stack.sh"),
+        run_dir,
+        &ports,
+        env!("CARGO_BIN_EXE_inventory").as_ref(),
+        verb,
+    )
 }
 
 fn listening(port: u16) -> bool {
@@ -198,7 +200,7 @@ fn alive(pid: &str) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_native_stack_starts_twice_harmlessly_and_stops_without_leftovers() {
     let run_dir = tempfile::tempdir().unwrap();
-    let ports = [free_port(), free_port(), free_port(), free_port()];
+    let ports = native::free_ports();
 
     let first = stack_script(run_dir.path(), ports, "up");
     let text = |o: &std::process::Output| {
@@ -209,22 +211,25 @@ async fn the_native_stack_starts_twice_harmlessly_and_stops_without_leftovers() 
         )
     };
     assert!(first.status.success(), "{}", text(&first));
-    let pids: Vec<String> = ["redis", "app1", "app2", "nginx"]
+    let pids: Vec<String> = native::pid_files(run_dir.path())
         .iter()
-        .map(|s| std::fs::read_to_string(run_dir.path().join(format!("{s}.pid"))).unwrap())
+        .map(|file| std::fs::read_to_string(file).unwrap())
         .map(|p| p.trim().to_owned())
         .collect();
     assert!(pids.iter().all(|p| alive(p)), "{pids:?}");
-    let through_nginx = reqwest::get(format!("http://127.0.0.1:{}/ready", ports[3]))
-        .await
-        .unwrap();
+    let through_nginx = reqwest::get(format!(
+        "http://127.0.0.1:{}/ready",
+        native::nginx_port(&ports)
+    ))
+    .await
+    .unwrap();
     assert_eq!(through_nginx.status(), 200);
 
     let second = stack_script(run_dir.path(), ports, "up");
     assert!(second.status.success(), "{}", text(&second));
     assert_eq!(
         text(&second).matches("already running").count(),
-        4,
+        native::SERVICES.len(),
         "{}",
         text(&second)
     );
@@ -244,7 +249,9 @@ async fn the_native_stack_refuses_to_start_on_a_taken_port() {
     let run_dir = tempfile::tempdir().unwrap();
     let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = squatter.local_addr().unwrap().port();
-    let ports = [free_port(), free_port(), free_port(), taken];
+    let mut ports = native::free_ports();
+    let last = ports.len() - 1;
+    ports[last] = taken;
 
     let up = stack_script(run_dir.path(), ports, "up");
     let stderr = String::from_utf8_lossy(&up.stderr);
@@ -253,7 +260,7 @@ async fn the_native_stack_refuses_to_start_on_a_taken_port() {
         stderr.contains(&format!("port {taken}")) && stderr.contains("taken"),
         "{stderr}"
     );
-    for port in &ports[..3] {
+    for port in &ports[..last] {
         assert!(
             !listening(*port),
             "nothing was started before the check failed"
