@@ -27,12 +27,18 @@ pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt
 
 pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
     let keys = &cx.store.keys;
+    let (queue, entries) = super::handoff::queue_keys(keys);
+    let (queue, entries) = (&queue, &entries);
+    // Hands the lock to the next queued waiter, if any (`super::handoff`).
     let deleted: i64 = cx
         .store
         .call(|mut c| async move {
             scripts::UNLOCK_OWNED
                 .key(&keys.lock)
                 .key(&keys.signal)
+                .key(queue)
+                .key(entries)
+                .key(&keys.fence)
                 .arg(owner)
                 .arg(&keys.released)
                 .invoke_async(&mut c)

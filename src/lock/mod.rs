@@ -8,6 +8,7 @@
 
 mod atomic;
 mod fenced;
+mod handoff;
 mod local;
 mod lua_release;
 mod none;
@@ -22,6 +23,7 @@ mod watchdog;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::{RedisError, RedisResult};
@@ -338,11 +340,20 @@ impl Locks {
                 (None, Hold::Local(guard))
             }
             Strategy::Redis(lock) => {
-                let attempt = self
-                    .waiter
-                    .until_acquired(deadline, nested, || self.try_acquire(lock, owner));
+                let hands_off = handoff::shape(lock).is_some();
+                let attempt =
+                    self.waiter
+                        .until_acquired(owner, deadline, nested, hands_off, |queued| {
+                            self.try_acquire(lock, owner, queued)
+                        });
                 let fence = match attempt.await {
-                    Ok(fence) => fence,
+                    Ok(fence) => {
+                        // A token drawn by the release that handed the lock over.
+                        if let Some(token) = fence {
+                            self.cx.newest_fence.fetch_max(token, Ordering::AcqRel);
+                        }
+                        fence
+                    }
                     Err(LockError::Redis(e)) => {
                         if !nested {
                             self.undo_unanswered_acquire(lock, owner);
@@ -370,8 +381,16 @@ impl Locks {
         })
     }
 
-    async fn try_acquire(&self, lock: RedisLock, owner: &str) -> RedisResult<Attempt> {
+    async fn try_acquire(
+        &self,
+        lock: RedisLock,
+        owner: &str,
+        queued: Option<handoff::Queued>,
+    ) -> RedisResult<Attempt> {
         let cx = &self.cx;
+        if let Some(queued) = queued {
+            return handoff::try_acquire(cx, lock, owner, queued).await;
+        }
         match lock {
             RedisLock::Setnx => setnx::try_acquire(cx, owner).await,
             RedisLock::SetnxTtl => setnx_ttl::try_acquire(cx, owner).await,

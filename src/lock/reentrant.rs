@@ -42,12 +42,18 @@ pub(super) async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt
 
 pub(super) async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
     let keys = &cx.store.keys;
+    let (queue, entries) = super::handoff::queue_keys(keys);
+    let (queue, entries) = (&queue, &entries);
+    // The last level hands the lock to the next queued waiter, if any (`super::handoff`).
     let left: i64 = cx
         .store
         .call(|mut c| async move {
             scripts::UNLOCK_REENTRANT
                 .key(&keys.lock)
                 .key(&keys.signal)
+                .key(queue)
+                .key(entries)
+                .key(&keys.fence)
                 .arg(owner)
                 .arg(millis(cx.ttl))
                 .arg(&keys.released)
