@@ -111,13 +111,21 @@ async fn sale(
 ) -> Result<Response, ApiError> {
     let request = query.into_request(app.default_strategy, app.max_work)?;
     let key = headers.idempotency_key;
-    // The sale runs in its own task: a client that hangs up must not abandon it half-way,
-    // between taking the lock and releasing it. The task keeps the request's span, and so
-    // its request id.
-    let sale = async move { app.seller.sell(request, key.as_ref()).await };
-    let completed = tokio::spawn(sale.instrument(tracing::Span::current()))
-        .await
-        .map_err(|e| ApiError::Internal(format!("sale task failed: {e}")))??;
+    let completed = if request.strategy == Strategy::Atomic && key.is_none() {
+        // One script and nothing to undo: a client that hangs up can only stop it before
+        // the write is sent or after, never half-way, so it runs in the request's own task
+        // (a task of its own costs a spawn and, often, a wake-up of the other worker).
+        app.seller.sell(request, None).await?
+    } else {
+        // The sale runs in its own task: a client that hangs up must not abandon it
+        // half-way, between taking the lock and releasing it (or between claiming an
+        // idempotency key and settling it). The task keeps the request's span, and so its
+        // request id.
+        let sale = async move { app.seller.sell(request, key.as_ref()).await };
+        tokio::spawn(sale.instrument(tracing::Span::current()))
+            .await
+            .map_err(|e| ApiError::Internal(format!("sale task failed: {e}")))??
+    };
     let mut response = Json(completed.sold).into_response();
     if completed.replayed {
         response
