@@ -211,6 +211,7 @@ impl Waiter {
                     waited: started.elapsed(),
                 });
             }
+            queue.wanted.notify_one();
             let now = Instant::now();
             let lease_end = retry_in.map_or(deadline, |r| now + r).min(deadline);
             if let Some(message) = registration.wait_until(lease_end.min(now + REFRESH)).await {
@@ -387,7 +388,8 @@ impl Queue {
         if let Ok(mut handoffs) = self.handoffs.lock() {
             handoffs.insert(owner.clone(), Slot::Waiting(tx));
         }
-        self.wanted.notify_one();
+        // The popper is woken only once the waiter has queued (most acquisitions never
+        // wait): a hand-off that arrives before that lies in the inbox until it listens.
         Handoff {
             queue: self,
             owner,
