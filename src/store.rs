@@ -35,6 +35,7 @@ pub mod scripts {
     script!(RESET, "reset.lua");
     script!(IDEMPOTENCY_SETTLE, "idempotency_settle.lua");
     script!(EXTEND_OWNED, "extend_owned.lua");
+    script!(LOCK_QUEUED, "lock_queued.lua");
     script!(NEXT_FENCE, "next_fence.lua");
 
     // One builder per script: the only place that knows its KEYS and ARGV layout, used by
@@ -60,21 +61,57 @@ pub mod scripts {
         i
     }
 
-    /// 1 when the last hold was left (the lock is gone and waiters are signalled), 0 when
-    /// an outer hold remains, -1 when `owner` did not hold it.
+    /// 1 when the last hold was left (the lock is gone, or handed to the next queued
+    /// waiter), 0 when an outer hold remains, -1 when `owner` did not hold it.
     pub fn unlock_reentrant(keys: &Keys, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
         let mut i = UNLOCK_REENTRANT.key(&keys.lock);
         i.key(&keys.signal)
+            .key(&keys.queue)
+            .key(&keys.queue_entries)
+            .key(&keys.fence)
             .arg(owner)
             .arg(ttl_ms)
             .arg(&keys.released);
         i
     }
 
-    /// Compare-and-delete of a string lock at `lock` (normally `keys.lock`): 1 when deleted.
+    /// Compare-and-delete of a string lock at `lock` (normally `keys.lock`), handing it to
+    /// the next queued waiter if there is one: 1 when released.
     pub fn unlock_owned(lock: &str, keys: &Keys, owner: &str) -> ScriptInvocation<'static> {
         let mut i = UNLOCK_OWNED.key(lock);
-        i.key(&keys.signal).arg(owner).arg(&keys.released);
+        i.key(&keys.signal)
+            .key(&keys.queue)
+            .key(&keys.queue_entries)
+            .key(&keys.fence)
+            .arg(owner)
+            .arg(&keys.released);
+        i
+    }
+
+    /// Takes the lock, or joins (stays in, leaves) its queue of waiters: `{1, token}` when
+    /// held, `{0, pttl}` when another owner holds it. See `lua/lock_queued.lua`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lock_queued(
+        keys: &Keys,
+        inbox: &str,
+        owner: &str,
+        shape: &str,
+        ttl_ms: u64,
+        newest: u64,
+        phase: &str,
+        entry_ms: u64,
+    ) -> ScriptInvocation<'static> {
+        let mut i = LOCK_QUEUED.key(&keys.lock);
+        i.key(&keys.fence)
+            .key(&keys.queue)
+            .key(&keys.queue_entries)
+            .key(inbox)
+            .arg(owner)
+            .arg(shape)
+            .arg(ttl_ms)
+            .arg(newest)
+            .arg(phase)
+            .arg(entry_ms);
         i
     }
 
@@ -239,6 +276,10 @@ pub struct Keys {
     /// A list holding at most one release signal; waiting instances block on it, so each
     /// release wakes one of them.
     pub signal: String,
+    /// The waiters queued for a hand-off (`LOCK_WAIT=notify`): a sorted set by arrival,
+    /// and a hash of their entries.
+    pub queue: String,
+    pub queue_entries: String,
     idempotency_prefix: String,
 }
 
@@ -260,6 +301,8 @@ impl Keys {
             lock: key("lock"),
             released: key("lock:released"),
             signal: key("lock:signal"),
+            queue: key("lock:queue"),
+            queue_entries: key("lock:entries"),
             idempotency_prefix: key("idem:"),
         }
     }

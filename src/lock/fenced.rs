@@ -18,6 +18,8 @@ use crate::store::scripts;
 pub(super) struct Fenced;
 
 impl RedisLockOps for Fenced {
+    const HANDOFF: Option<&'static str> = Some("fenced");
+
     async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
         let keys = &cx.store.keys;
         let newest = cx.newest_fence.load(Ordering::Acquire);

@@ -11,6 +11,8 @@ use crate::store::scripts;
 pub(super) struct LuaRelease;
 
 impl RedisLockOps for LuaRelease {
+    const HANDOFF: Option<&'static str> = Some("string");
+
     async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
         super::set_nx(&cx.store, owner, Some(cx.ttl)).await
     }

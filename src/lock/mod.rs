@@ -11,6 +11,7 @@
 
 mod atomic;
 mod fenced;
+mod handoff;
 mod local;
 mod lua_release;
 mod none;
@@ -24,6 +25,7 @@ pub mod wait;
 mod watchdog;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::{RedisError, RedisResult};
@@ -120,6 +122,12 @@ pub(crate) trait RedisLockOps {
     /// Whether a release wakes the waiters of the stock's Redis ([`wait`]). A lock that
     /// lives elsewhere (on other nodes) says no, and its waiters poll instead.
     const WAKES_WAITERS: bool = true;
+
+    /// How a release may hand this lock straight to the next queued waiter
+    /// (`LOCK_WAIT=notify`, [`handoff`]): the shape the release writes for it (`string`,
+    /// `hash`, or `fenced`, which also draws the waiter's token); `None` for a lock whose
+    /// release deletes blindly or in two steps, which has nothing to hand over with.
+    const HANDOFF: Option<&'static str> = None;
 }
 
 /// Runs `$body` with `$L` bound to the type that implements `$lock`: the one place that
@@ -181,6 +189,10 @@ async fn renew(cx: &LockCx, lock: RedisLock, owner: &str) -> RedisResult<bool> {
 
 fn wakes_waiters(lock: RedisLock) -> bool {
     on_lock!(lock, L => L::WAKES_WAITERS)
+}
+
+fn handoff_shape(lock: RedisLock) -> Option<&'static str> {
+    on_lock!(lock, L => L::HANDOFF)
 }
 
 impl Released {
@@ -317,10 +329,24 @@ impl Locks {
                 } else {
                     &self.poller
                 };
-                let attempt =
-                    waiter.until_acquired(deadline, nested, || try_acquire(&self.cx, lock, owner));
+                let hands_off = handoff_shape(lock).is_some();
+                let attempt = waiter.until_acquired(owner, deadline, nested, hands_off, |queued| {
+                    let cx = &self.cx;
+                    async move {
+                        match queued {
+                            Some(queued) => handoff::try_acquire(cx, lock, owner, queued).await,
+                            None => try_acquire(cx, lock, owner).await,
+                        }
+                    }
+                });
                 let fence = match attempt.await {
-                    Ok(fence) => fence,
+                    Ok(fence) => {
+                        // A token drawn by the release that handed the lock over.
+                        if let Some(token) = fence {
+                            self.cx.newest_fence.fetch_max(token, Ordering::AcqRel);
+                        }
+                        fence
+                    }
                     Err(LockError::Redis(e)) => {
                         if !nested {
                             self.undo_unanswered_acquire(lock, owner);

@@ -14,6 +14,8 @@ use crate::store::scripts;
 pub(super) struct Reentrant;
 
 impl RedisLockOps for Reentrant {
+    const HANDOFF: Option<&'static str> = Some("hash");
+
     async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
         let lock = &scripts::lock_reentrant(&cx.store.keys.lock, owner, millis(cx.ttl));
         let reply = cx

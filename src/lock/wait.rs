@@ -26,11 +26,21 @@
 //! `BLPOP` finds no signal for [`STALL`] wakes its front waiter to look for itself, and a
 //! (re)connection wakes every local waiter, since a restarted Redis forgot the list.
 //!
+//! For the strategies whose release checks its owner (`lua-release`, `reentrant`,
+//! `watchdog`, `fenced`), notify mode goes one step further: a busy attempt queues the
+//! waiter in Redis in the same script, and the release hands the lock straight to the first
+//! live waiter and pushes to its instance's inbox list ([`super::handoff`]), so the woken
+//! waiter already holds the lock. Its entry stays valid for [`ENTRY_LEASE`] and is
+//! refreshed every [`REFRESH`] (which also finds a lock freed without a hand-off); a
+//! waiter that gives up leaves the queue in the same script as its last attempt (and takes
+//! a lock handed to it meanwhile); a cancelled one is marked, and a hand-off that reaches it
+//! is released by the popper at once. The signal list stays for the other strategies.
+//!
 //! `LOCK_WAIT=pubsub` keeps the previous mechanism for comparison: every release is
 //! published to every instance, which wakes one local waiter each, so a release costs one
 //! attempt per instance. `LOCK_WAIT=spin` is the tutorial's fixed 20 ms retry.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -42,6 +52,7 @@ use redis::{AsyncConnectionConfig, Client, RedisResult};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
+use super::handoff::{self, Handed, Phase, Queued};
 use super::{Attempt, LockError};
 use crate::store::Keys;
 
@@ -64,6 +75,15 @@ const SPIN_INTERVAL: Duration = Duration::from_millis(20);
 /// How long an instance with waiters blocks on the signal list before it suspects a lost
 /// signal and lets its front waiter look for itself.
 const STALL: Duration = Duration::from_millis(250);
+
+/// How long a hand-off waiter's entry in the Redis queue stays valid without a refresh: a
+/// release skips an entry past it, so a waiter that died holds up nobody for longer.
+const ENTRY_LEASE: Duration = Duration::from_secs(1);
+
+/// How often a hand-off waiter refreshes its entry (and looks at the lock itself: a lock
+/// freed without a hand-off, by a lease running out or by a naive strategy's release, is
+/// found within this).
+const REFRESH: Duration = Duration::from_millis(250);
 
 /// Bounds of how long a queued arrival waits for a signal before it tries anyway.
 const MIN_YIELD: Duration = Duration::from_millis(2);
@@ -98,8 +118,11 @@ impl Waiter {
                 Backend::PubSub(releases)
             }
             WaitMode::Notify => {
-                let queue = Arc::new(Queue::default());
-                tokio::spawn(pop_signals(client, keys.signal.clone(), queue.clone()));
+                let queue = Arc::new(Queue {
+                    inbox: handoff::inbox_key(keys).into(),
+                    ..Queue::default()
+                });
+                tokio::spawn(pop_signals(client, keys.clone(), queue.clone()));
                 Backend::Queue(queue)
             }
         };
@@ -117,20 +140,84 @@ impl Waiter {
     /// Repeats `attempt` until it acquires, the deadline passes, or Redis fails. Returns the
     /// fencing token of the acquisition, if any. A `nested` acquire (the holder entering
     /// again) tries at once: queueing behind the sales that wait for its own lock would only
-    /// make it hold the lock longer.
+    /// make it hold the lock longer. With `hands_off` (a strategy whose release can hand the
+    /// lock over) and `LOCK_WAIT=notify`, `attempt` gets a [`Queued`]: the waiter queues in
+    /// Redis and is handed the lock by the release ([`handoff`]); otherwise it gets `None`.
     pub async fn until_acquired<F, Fut>(
         &self,
+        owner: &Arc<str>,
         deadline: Instant,
         nested: bool,
-        attempt: F,
+        hands_off: bool,
+        mut attempt: F,
     ) -> Result<Option<u64>, LockError>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(Option<Queued>) -> Fut,
         Fut: Future<Output = RedisResult<Attempt>>,
     {
         match &self.backend {
-            Backend::Queue(queue) => self.queued(queue, deadline, nested, attempt).await,
-            Backend::Spin | Backend::PubSub(_) => self.retried(deadline, attempt).await,
+            Backend::Queue(queue) if hands_off => {
+                self.handed_over(queue, owner, deadline, attempt).await
+            }
+            Backend::Queue(queue) => self.queued(queue, deadline, nested, || attempt(None)).await,
+            Backend::Spin | Backend::PubSub(_) => self.retried(deadline, || attempt(None)).await,
+        }
+    }
+
+    /// The hand-off wait: attempt and queue in one step, then wait for the release to hand
+    /// the lock over (it arrives owned), refreshing the entry every [`REFRESH`] and looking
+    /// again when the holder's lease ends. At the deadline the waiter leaves the queue in the
+    /// same step as a last attempt, so a hand-off that raced its departure is taken, never
+    /// stranded.
+    async fn handed_over<F, Fut>(
+        &self,
+        queue: &Queue,
+        owner: &Arc<str>,
+        deadline: Instant,
+        mut attempt: F,
+    ) -> Result<Option<u64>, LockError>
+    where
+        F: FnMut(Option<Queued>) -> Fut,
+        Fut: Future<Output = RedisResult<Attempt>>,
+    {
+        let started = Instant::now();
+        // Registered before the first attempt: a hand-off may arrive before its reply.
+        let mut registration = queue.expect_handoff(owner.clone());
+        let mut phase = Phase::Try;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                phase = Phase::Leave;
+            }
+            let entry = ENTRY_LEASE.min(deadline.saturating_duration_since(now));
+            let queued = Queued {
+                phase,
+                inbox: queue.inbox.clone(),
+                entry_ms: (entry.as_millis() as u64).max(1),
+            };
+            self.attempts.fetch_add(1, Ordering::Relaxed);
+            // A Redis error drops the registration as cancelled: a hand-off that still
+            // arrives for it is released at once.
+            let retry_in = match attempt(Some(queued)).await? {
+                Attempt::Acquired { fence } => {
+                    registration.finish();
+                    return Ok(fence);
+                }
+                Attempt::Busy { retry_in } => retry_in,
+            };
+            if phase == Phase::Leave {
+                registration.finish();
+                return Err(LockError::Timeout {
+                    waited: started.elapsed(),
+                });
+            }
+            queue.wanted.notify_one();
+            let now = Instant::now();
+            let lease_end = retry_in.map_or(deadline, |r| now + r).min(deadline);
+            if let Some(message) = registration.wait_until(lease_end.min(now + REFRESH)).await {
+                return Ok(Handed::parse(&message).and_then(|h| h.fence()));
+            }
+            phase = Phase::Wait;
         }
     }
 
@@ -263,6 +350,20 @@ struct Queue {
     /// A moving average of acquisition times, in microseconds.
     typical_wait_us: AtomicU64,
     closed: AtomicBool,
+    /// This instance's inbox: the list the releases push hand-offs onto.
+    inbox: Arc<str>,
+    /// Hand-off waiters by owner.
+    handoffs: Mutex<HashMap<Arc<str>, Slot>>,
+    /// Hand-off messages for waiters that are gone: their locks are released at once.
+    orphans: Mutex<Vec<String>>,
+}
+
+/// A hand-off waiter, as the signal popper sees it.
+enum Slot {
+    Waiting(oneshot::Sender<String>),
+    /// Its sale was cancelled while queued; its entry in Redis lives on until it expires,
+    /// and a hand-off that still arrives for it is released.
+    Cancelled(Instant),
 }
 
 impl Queue {
@@ -279,6 +380,53 @@ impl Queue {
         Registration {
             queue: self,
             rx: Some(rx),
+        }
+    }
+
+    fn expect_handoff(&self, owner: Arc<str>) -> Handoff<'_> {
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut handoffs) = self.handoffs.lock() {
+            handoffs.insert(owner.clone(), Slot::Waiting(tx));
+        }
+        // The popper is woken only once the waiter has queued (most acquisitions never
+        // wait): a hand-off that arrives before that lies in the inbox until it listens.
+        Handoff {
+            queue: self,
+            owner,
+            rx: Some(rx),
+            done: false,
+        }
+    }
+
+    /// Whether the inbox must be listened to: a waiter expects a hand-off, a cancelled one
+    /// may still get one, or a lock handed to a gone waiter awaits its release.
+    fn has_handoffs(&self) -> bool {
+        let pending = self.orphans.lock().map(|o| !o.is_empty()).unwrap_or(false);
+        let now = Instant::now();
+        let expecting = self
+            .handoffs
+            .lock()
+            .map(|mut h| {
+                h.retain(|_, slot| match slot {
+                    Slot::Waiting(_) => true,
+                    // Its entry expired in Redis: no release hands it anything any more.
+                    Slot::Cancelled(at) => now < *at + ENTRY_LEASE + Duration::from_secs(1),
+                });
+                !h.is_empty()
+            })
+            .unwrap_or(false);
+        pending || expecting
+    }
+
+    /// Gives a hand-off to its waiter; returns the message when the waiter is gone and the
+    /// lock must be released. A message for an owner not expected here is stale (the waiter
+    /// took the lock with its own attempt) and is dropped.
+    fn deliver(&self, message: String) -> Option<String> {
+        let owner = Handed::parse(&message)?.owner;
+        let slot = self.handoffs.lock().ok()?.remove(owner)?;
+        match slot {
+            Slot::Waiting(tx) => tx.send(message).err(),
+            Slot::Cancelled(_) => Some(message),
         }
     }
 
@@ -360,6 +508,69 @@ impl Registration<'_> {
     }
 }
 
+/// One hand-off waiter. Dropped without [`Handoff::finish`] (its sale was cancelled, or
+/// Redis failed), it is marked cancelled, and a hand-off it received or still receives is
+/// released by the signal popper.
+struct Handoff<'a> {
+    queue: &'a Queue,
+    owner: Arc<str>,
+    rx: Option<oneshot::Receiver<String>>,
+    done: bool,
+}
+
+impl Handoff<'_> {
+    /// The hand-off message, when the lock was handed over before `until`.
+    async fn wait_until(&mut self, until: Instant) -> Option<String> {
+        let Some(rx) = self.rx.as_mut() else {
+            sleep_until(until).await;
+            return None;
+        };
+        tokio::select! {
+            r = rx => match r {
+                Ok(message) => {
+                    self.done = true;
+                    Some(message)
+                }
+                // The popper stopped: the refreshes still find the lock.
+                Err(_) => {
+                    self.rx = None;
+                    None
+                }
+            },
+            () = sleep_until(until) => None,
+        }
+    }
+
+    /// The wait ended by an attempt (acquired, or left the queue): a message that arrived
+    /// meanwhile is the same hand-off, already taken by that attempt.
+    fn finish(&mut self) {
+        self.done = true;
+        if let Ok(mut handoffs) = self.queue.handoffs.lock() {
+            handoffs.remove(&self.owner);
+        }
+    }
+}
+
+impl Drop for Handoff<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Ok(mut handoffs) = self.queue.handoffs.lock() {
+            handoffs.insert(self.owner.clone(), Slot::Cancelled(Instant::now()));
+        }
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if let Ok(message) = rx.try_recv()
+                && let Ok(mut orphans) = self.queue.orphans.lock()
+            {
+                orphans.push(message);
+            }
+        }
+        self.queue.wanted.notify_one();
+    }
+}
+
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         if let Some(mut rx) = self.rx.take() {
@@ -373,7 +584,7 @@ impl Drop for Registration<'_> {
 
 /// Keeps one connection blocked on the signal list while this instance has waiters, and
 /// hands each popped signal to the front waiter.
-async fn pop_signals(client: Client, key: String, queue: Arc<Queue>) {
+async fn pop_signals(client: Client, keys: Keys, queue: Arc<Queue>) {
     let mut backoff = Duration::from_millis(50);
     let mut conn: Option<MultiplexedConnection> = None;
     while !queue.closed.load(Ordering::Relaxed) {
@@ -385,7 +596,10 @@ async fn pop_signals(client: Client, key: String, queue: Arc<Queue>) {
             if queue.closed.load(Ordering::Relaxed) {
                 return;
             }
-            if queue.has_waiters() || queue.give_back.load(Ordering::Relaxed) > 0 {
+            if queue.has_waiters()
+                || queue.give_back.load(Ordering::Relaxed) > 0
+                || queue.has_handoffs()
+            {
                 break;
             }
             wanted.await;
@@ -409,14 +623,15 @@ async fn pop_signals(client: Client, key: String, queue: Arc<Queue>) {
                 }
             },
         };
-        if let Err(e) = serve(connected, &key, &queue).await {
+        if let Err(e) = serve(connected, &keys, &queue).await {
             tracing::warn!(error = %e, "lock signal connection lost; reconnecting");
             conn = None;
         }
     }
 }
 
-async fn serve(conn: &mut MultiplexedConnection, key: &str, queue: &Queue) -> RedisResult<()> {
+async fn serve(conn: &mut MultiplexedConnection, keys: &Keys, queue: &Queue) -> RedisResult<()> {
+    let key = keys.signal.as_str();
     loop {
         if queue.closed.load(Ordering::Relaxed) {
             return Ok(());
@@ -430,15 +645,34 @@ async fn serve(conn: &mut MultiplexedConnection, key: &str, queue: &Queue) -> Re
                 .query_async::<()>(conn)
                 .await?;
         }
-        if !queue.has_waiters() {
+        let orphans = queue
+            .orphans
+            .lock()
+            .map(|mut o| std::mem::take(&mut *o))
+            .unwrap_or_default();
+        for message in orphans {
+            if let Some(handed) = Handed::parse(&message) {
+                tracing::debug!(
+                    owner = handed.owner,
+                    "releasing a lock handed to a waiter that gave up"
+                );
+                handoff::release_orphan(conn, keys, &handed).await?;
+            }
+        }
+        let signals = queue.has_waiters();
+        if !signals && !queue.has_handoffs() {
             return Ok(());
         }
+        // The inbox first: a hand-off is a lock already taken for a waiter here.
+        let mut blpop = redis::cmd("BLPOP");
+        blpop.arg(&*queue.inbox);
+        if signals {
+            blpop.arg(key);
+        }
+        blpop.arg(STALL.as_secs_f64());
         let popped = timeout(
             STALL + Duration::from_secs(2),
-            redis::cmd("BLPOP")
-                .arg(key)
-                .arg(STALL.as_secs_f64())
-                .query_async::<Option<(String, String)>>(conn),
+            blpop.query_async::<Option<(String, String)>>(conn),
         )
         .await
         .map_err(|_| {
@@ -448,6 +682,13 @@ async fn serve(conn: &mut MultiplexedConnection, key: &str, queue: &Queue) -> Re
             ))
         })??;
         match popped {
+            Some((list, message)) if *list == *queue.inbox => {
+                if let Some(orphan) = queue.deliver(message)
+                    && let Ok(mut orphans) = queue.orphans.lock()
+                {
+                    orphans.push(orphan);
+                }
+            }
             Some(_) => queue.pass_on(),
             // No release for a while: a signal may have died with its popper.
             None => {

@@ -13,6 +13,8 @@ use crate::store::scripts;
 pub(super) struct Watchdog;
 
 impl RedisLockOps for Watchdog {
+    const HANDOFF: Option<&'static str> = Some("hash");
+
     async fn try_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
         Reentrant::try_acquire(cx, owner).await
     }

@@ -7,6 +7,7 @@ mod api;
 mod attack;
 mod browser;
 mod compose;
+mod handoff;
 mod harness;
 mod leaks;
 mod lua;

@@ -1,0 +1,84 @@
+-- Take the lock, or join its FIFO queue of waiters, in one step (`LOCK_WAIT=notify`, the
+-- strategies whose release hands the lock over: lua-release, reentrant, watchdog, fenced).
+-- A release hands the lock to the first live waiter (see hand_off in unlock_owned.lua):
+-- it writes the lock for that waiter and pushes '<token>|<shape>|<owner>' onto the
+-- waiter's instance's inbox list, so the woken waiter already holds the lock.
+-- A waiter's entry carries a deadline that the waiter refreshes while it waits; a release
+-- skips entries past their deadline, so a waiter that died stalls nobody.
+-- KEYS[1]: the lock key (a string for shape 'string', a hash owner -> count otherwise)
+-- KEYS[2]: the fencing counter
+-- KEYS[3]: the queue (a sorted set: owner -> arrival time in microseconds)
+-- KEYS[4]: the entries (a hash: owner -> 'deadline ms|inbox key|shape|newest token|lease ms')
+-- KEYS[5]: this waiter's inbox (a list its instance blocks on)
+-- ARGV[1]: owner id (instance:request)
+-- ARGV[2]: shape: 'string' (lua-release), 'hash' (reentrant, watchdog), 'fenced'
+-- ARGV[3]: lease in milliseconds
+-- ARGV[4]: the newest token the caller has drawn before (0 if none)
+-- ARGV[5]: phase: 'try' (not queued yet), 'wait' (queued: refresh the entry),
+--          'leave' (giving up: leave the queue)
+-- ARGV[6]: how long the entry stays valid without a refresh, in milliseconds
+-- returns: {1, token} when held (taken, re-entered, or handed over while queued; token is
+--          0 unless fenced); {0, pttl} when another owner holds it (queued unless leaving)
+local owner, shape, phase = ARGV[1], ARGV[2], ARGV[5]
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
+local kind = redis.call('TYPE', KEYS[1]).ok
+local mine = (kind == 'string' and redis.call('GET', KEYS[1]) == owner)
+  or (kind == 'hash' and redis.call('HEXISTS', KEYS[1], owner) == 1)
+local queued = phase ~= 'try' and redis.call('HEXISTS', KEYS[4], owner) == 1
+
+local function current_token()
+  if shape ~= 'fenced' then
+    return 0
+  end
+  return tonumber(redis.call('GET', KEYS[2]) or '0')
+end
+
+local function leave_queue()
+  redis.call('ZREM', KEYS[3], owner)
+  redis.call('HDEL', KEYS[4], owner)
+end
+
+-- Queued before, and the entry is gone while the lock is ours: a release handed it over.
+-- The inbox message is then redundant: take it back so that nobody acts on it.
+if phase ~= 'try' and mine and not queued then
+  local token = current_token()
+  redis.call('LREM', KEYS[5], 1, token .. '|' .. shape .. '|' .. owner)
+  return {1, token}
+end
+
+if kind == 'none' or (mine and shape ~= 'string') then
+  leave_queue()
+  local token = 0
+  if shape == 'string' then
+    redis.call('SET', KEYS[1], owner, 'PX', ARGV[3])
+  else
+    if shape == 'fenced' then
+      token = mine and tonumber(redis.call('GET', KEYS[2]))
+      if not token then
+        if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[4]) then
+          redis.call('SET', KEYS[2], ARGV[4])
+        end
+        token = redis.call('INCR', KEYS[2])
+      end
+    end
+    redis.call('HINCRBY', KEYS[1], owner, 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  end
+  return {1, token}
+end
+
+local pttl = redis.call('PTTL', KEYS[1])
+if phase == 'leave' then
+  leave_queue()
+  return {0, pttl}
+end
+-- NX: a refresh keeps the waiter's place in line.
+redis.call('ZADD', KEYS[3], 'NX', now_us, owner)
+redis.call('HSET', KEYS[4], owner, (now + tonumber(ARGV[6])) .. '|' .. KEYS[5] .. '|' .. shape
+  .. '|' .. ARGV[4] .. '|' .. ARGV[3])
+-- Forgotten by themselves once nobody refreshes any entry.
+redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[6]) + 60000)
+redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[6]) + 60000)
+return {0, pttl}

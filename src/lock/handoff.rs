@@ -1,0 +1,142 @@
+//! Direct hand-off (`LOCK_WAIT=notify`, for the strategies whose release checks its owner:
+//! `lua-release`, `reentrant`, `watchdog`, `fenced`). A sale that finds the lock held joins
+//! a FIFO queue in Redis in the same script as its attempt (`lua/lock_queued.lua`); the
+//! release script, instead of deleting the lock and signalling, writes the lock for the
+//! first waiter whose entry is still valid (drawing its fencing token, for `fenced`) and
+//! pushes a message onto that waiter's instance's inbox list, so the woken waiter already
+//! owns the lock and skips the acquire round trip. How the waiting itself works (entry
+//! refreshes, the inbox, a waiter that gives up) is in [`super::wait`].
+
+use std::sync::atomic::Ordering;
+
+use redis::RedisResult;
+
+use super::{Attempt, LockCx, RedisLock};
+use crate::store::{Keys, scripts};
+
+/// Where one instance's hand-offs arrive; unique per `Locks`.
+pub(crate) fn inbox_key(keys: &Keys) -> String {
+    format!("{}:inbox:{}", keys.lock, uuid::Uuid::new_v4().simple())
+}
+
+/// How the lock is written for an owner of this strategy: the shape of the lock key, and
+/// whether a token is drawn with it.
+pub(crate) fn shape(lock: RedisLock) -> Option<&'static str> {
+    super::handoff_shape(lock)
+}
+
+/// Where a waiter stands in the queue when it attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Not queued yet: take the lock, or join the queue.
+    Try,
+    /// Queued: take the lock if it was handed over or is free, else refresh the entry.
+    Wait,
+    /// Giving up: take the lock if it was handed over or is free, else leave the queue.
+    Leave,
+}
+
+impl Phase {
+    fn as_str(self) -> &'static str {
+        match self {
+            Phase::Try => "try",
+            Phase::Wait => "wait",
+            Phase::Leave => "leave",
+        }
+    }
+}
+
+/// What a queued attempt needs besides the lock and the owner.
+#[derive(Debug, Clone)]
+pub struct Queued {
+    pub phase: Phase,
+    pub inbox: std::sync::Arc<str>,
+    /// How long the entry stays valid without a refresh.
+    pub entry_ms: u64,
+}
+
+/// One attempt that joins (or stays in, or leaves) the queue when the lock is held.
+pub(super) async fn try_acquire(
+    cx: &LockCx,
+    lock: RedisLock,
+    owner: &str,
+    q: Queued,
+) -> RedisResult<Attempt> {
+    let Some(shape) = shape(lock) else {
+        unreachable!("only strategies with a shape wait in the queue")
+    };
+    let newest = cx.newest_fence.load(Ordering::Acquire);
+    let attempt = &scripts::lock_queued(
+        &cx.store.keys,
+        &q.inbox,
+        owner,
+        shape,
+        super::reentrant::millis(cx.ttl),
+        newest,
+        q.phase.as_str(),
+        q.entry_ms,
+    );
+    let reply = cx
+        .store
+        .call(|mut c| async move { attempt.invoke_async(&mut c).await })
+        .await?;
+    let attempt = Attempt::from_script(reply, shape == "fenced");
+    if let Attempt::Acquired { fence: Some(token) } = attempt {
+        cx.newest_fence.fetch_max(token, Ordering::AcqRel);
+    }
+    Ok(attempt)
+}
+
+/// A hand-off message: `<token>|<shape>|<owner>`.
+pub(crate) struct Handed<'a> {
+    pub token: u64,
+    pub shape: &'a str,
+    pub owner: &'a str,
+}
+
+impl<'a> Handed<'a> {
+    pub(crate) fn parse(message: &'a str) -> Option<Self> {
+        let (token, rest) = message.split_once('|')?;
+        let (shape, owner) = rest.split_once('|')?;
+        Some(Self {
+            token: token.parse().ok()?,
+            shape,
+            owner,
+        })
+    }
+
+    pub(crate) fn fence(&self) -> Option<u64> {
+        (self.shape == "fenced").then_some(self.token)
+    }
+}
+
+/// Releases a lock that was handed to a waiter who is gone (its sale was cancelled), so
+/// that it passes on to the next waiter at once instead of at the end of its lease.
+pub(crate) async fn release_orphan<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    handed: &Handed<'_>,
+) -> RedisResult<()> {
+    // A handed-over lock has no outer levels, so no lease to restore for them.
+    let invocation = if handed.shape == "string" {
+        scripts::unlock_owned(&keys.lock, keys, handed.owner)
+    } else {
+        scripts::unlock_reentrant(keys, handed.owner, 1000)
+    };
+    invocation.invoke_async::<i64>(conn).await.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hand_off_message_reads_back() {
+        let handed = Handed::parse("7|fenced|host:1:order|x").expect("parses");
+        assert_eq!(handed.token, 7);
+        assert_eq!(handed.owner, "host:1:order|x");
+        assert_eq!(handed.fence(), Some(7));
+        assert_eq!(Handed::parse("0|string|a").and_then(|h| h.fence()), None);
+        assert!(Handed::parse("garbage").is_none());
+    }
+}
