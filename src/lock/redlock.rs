@@ -121,15 +121,20 @@ where
     join_all(cx.nodes.iter().map(|node| {
         let call = call(node);
         async move {
-            timeout(bound, call).await.unwrap_or_else(|_| {
-                Err(RedisError::from((
-                    ErrorKind::Io,
-                    "lock node did not answer within its share of the lease",
-                )))
-            })
+            timeout(bound, call)
+                .await
+                .unwrap_or_else(|_| Err(node_timed_out()))
         }
     }))
     .await
+}
+
+/// A node slower than its share of the lease: busy, maybe, rather than down.
+fn node_timed_out() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "lock node did not answer within its share of the lease",
+    ))
 }
 
 fn not_configured() -> RedisError {
@@ -148,7 +153,7 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
     let votes = on_every_node(cx, |node| super::set_nx(node, owner, Some(cx.ttl))).await;
     let validity = cx.ttl.checked_sub(started.elapsed() + drift(cx.ttl));
     let metrics = cx.store.metrics();
-    let (mut granted, mut failed, mut shortest_busy) = (0, 0, None::<Duration>);
+    let (mut granted, mut down, mut shortest_busy) = (0, 0, None::<Duration>);
     let mut first_error = None;
     let mut maybe_ours = Vec::with_capacity(n);
     for (i, vote) in votes.into_iter().enumerate() {
@@ -166,8 +171,11 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
             }
             Err(e) => {
                 maybe_ours.push(i);
-                failed += 1;
-                first_error.get_or_insert(e);
+                // A refused connection is a node down; a slow answer only a lost vote.
+                if !e.is_timeout() {
+                    down += 1;
+                    first_error.get_or_insert(e);
+                }
                 Vote::Failed
             }
         };
@@ -187,8 +195,8 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
     // (its outer hold must survive its nested attempt).
     let give_back = maybe_ours.into_iter().map(|i| &cx.nodes[i]);
     join_all(give_back.map(|node| unlock_on(node, owner, node_timeout(cx.ttl)))).await;
-    if n - failed < quorum(n) {
-        // Too few nodes answered for any acquirer to win: fail fast (503), don't wait.
+    if n - down < quorum(n) {
+        // Too few nodes are up for any acquirer to win: fail fast (503), don't wait.
         return Err(first_error.unwrap_or_else(not_configured));
     }
     // Busy: retry after a random pause (up to a twentieth of the lease, at most 20 ms), so
@@ -204,12 +212,9 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
 async fn unlock_on(node: &Store, owner: &str, bound: Duration) -> RedisResult<i64> {
     let unlock = &scripts::unlock_owned(&node.keys.lock, &node.keys, owner);
     let call = node.call(|mut c| async move { unlock.invoke_async::<i64>(&mut c).await });
-    timeout(bound, call).await.unwrap_or_else(|_| {
-        Err(RedisError::from((
-            ErrorKind::Io,
-            "lock node did not answer within its share of the lease",
-        )))
-    })
+    timeout(bound, call)
+        .await
+        .unwrap_or_else(|_| Err(node_timed_out()))
 }
 
 async fn release_everywhere(cx: &LockCx, owner: &str) -> RedisResult<Released> {
