@@ -414,10 +414,15 @@ async fn a_namespace_dropped_by_a_panicking_test_leaves_no_namespace_veth_or_pro
             "the other link still does"
         );
         ns.link(a).heal().unwrap();
-        assert!(
-            ping(redis.url_at(addr_a)).await,
-            "a healed link answers again"
-        );
+        // The link needs a moment for its carrier and for the address to resolve again.
+        let mut healed = false;
+        for _ in 0..20 {
+            if ping(redis.url_at(addr_a)).await {
+                healed = true;
+                break;
+            }
+        }
+        assert!(healed, "a healed link answers again");
         let names: Vec<String> = std::iter::once(ns.name.clone())
             .chain(ns.links().iter().map(|l| l.host_if.clone()))
             .collect();
