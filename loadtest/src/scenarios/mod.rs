@@ -136,13 +136,13 @@ impl Fault {
         match self {
             Fault::ReleaseRace => release_race::configure(app, env),
             Fault::Reentry => reentry::configure(app, env),
+            Fault::NodeLoss => node_loss::configure(env),
             Fault::TwoInstances
             | Fault::CrashHolder
             | Fault::SlowHolder
             | Fault::LongWork
             | Fault::ProcessPause
             | Fault::MixedWriters
-            | Fault::NodeLoss
             | Fault::Partition
             | Fault::RedlockPause
             | Fault::NodeRestart => {}
