@@ -27,10 +27,13 @@ pub enum Event {
     SaleWritten,
     /// The write refused (`reason`: `lock_lost`, `stale_fence`, ...).
     SaleRefused,
+    /// One quorum acquire's count (`redlock`): `votes`, one word per node in `LOCK_NODES`'
+    /// order (`granted`, `busy`, `failed`), `granted`, `nodes` and whether it is `held`.
+    LockQuorum,
 }
 
 impl Event {
-    pub const ALL: [Event; 7] = [
+    pub const ALL: [Event; 8] = [
         Event::LockAcquired,
         Event::LockReleased,
         Event::LockRenewed,
@@ -38,6 +41,7 @@ impl Event {
         Event::StockRead,
         Event::SaleWritten,
         Event::SaleRefused,
+        Event::LockQuorum,
     ];
 
     /// Its value in the [`FIELD`] of a log line.
@@ -50,6 +54,7 @@ impl Event {
             Event::StockRead => "stock read",
             Event::SaleWritten => "sale written",
             Event::SaleRefused => "sale refused",
+            Event::LockQuorum => "lock quorum",
         }
     }
 

@@ -207,5 +207,16 @@ fn describe(e: &Entry) -> String {
         Event::StockRead => format!("{tag}read stock {}{fence}", e.text("stock")),
         Event::SaleWritten => format!("{tag}wrote stock {}{fence}", e.text("remaining")),
         Event::SaleRefused => format!("{tag}sale refused: {}", e.text("reason")),
+        Event::LockQuorum => format!(
+            "{tag}quorum {}/{}: [{}] -> {}",
+            e.text("granted"),
+            e.text("nodes"),
+            e.text("votes"),
+            if e.text("held") == "true" {
+                "held"
+            } else {
+                "not held, given back"
+            }
+        ),
     }
 }

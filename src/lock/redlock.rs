@@ -156,6 +156,7 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
     let (mut granted, mut down, mut shortest_busy) = (0, 0, None::<Duration>);
     let mut first_error = None;
     let mut maybe_ours = Vec::with_capacity(n);
+    let mut labels = Vec::with_capacity(n);
     for (i, vote) in votes.into_iter().enumerate() {
         let vote = match vote {
             Ok(Attempt::Acquired { .. }) => {
@@ -179,12 +180,19 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
                 Vote::Failed
             }
         };
+        labels.push(match vote {
+            Vote::Granted => "granted",
+            Vote::Busy => "busy",
+            Vote::Failed => "failed",
+        });
         metrics.node_vote(i, vote);
     }
+    let held = matches!(validity, Some(left) if granted >= quorum(n) && !left.is_zero());
+    let votes = labels.join(" ");
+    tracing::debug!(event = crate::events::Event::LockQuorum.name(), %owner, %votes, granted, nodes = n, held, validity_ms = validity.map(|v| v.as_millis() as u64), "lock quorum");
     match validity {
-        Some(left) if granted >= quorum(n) && !left.is_zero() => {
+        Some(left) if held => {
             metrics.quorum(Some(left));
-            tracing::debug!(%owner, granted, nodes = n, validity_ms = left.as_millis() as u64, "quorum reached");
             return Ok(Attempt::Acquired { fence: None });
         }
         _ => metrics.quorum(None),

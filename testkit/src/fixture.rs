@@ -121,6 +121,43 @@ impl RedisServer {
     }
 }
 
+/// `n` independent lock nodes: each its own `redis-server` process on a free loopback port,
+/// for `LOCK_NODES`. What databases of one server cannot show (a node down, restarted
+/// empty, slow) needs these.
+pub struct LockNodes {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl LockNodes {
+    pub async fn start(n: usize) -> Self {
+        let mut nodes = Vec::with_capacity(n);
+        for _ in 0..n {
+            nodes.push(RedisServer::start().await);
+        }
+        Self { nodes }
+    }
+
+    /// The value of `LOCK_NODES`: every node's URL, comma-separated.
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(RedisServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Kills node `i` (SIGKILL: a crash).
+    pub async fn kill(&mut self, i: usize) {
+        self.nodes[i].stop().await;
+    }
+
+    /// Starts node `i` again on its port, empty (no persistence): what Redlock's page warns
+    /// about.
+    pub async fn restart(&mut self, i: usize) {
+        self.nodes[i].restart().await;
+    }
+}
+
 /// How to start an `inventory` process: every setting is passed explicitly
 /// ([`default_env`]), so the environment of whoever runs the tests cannot change them.
 pub struct InstanceBuilder {
@@ -134,6 +171,11 @@ impl InstanceBuilder {
             name: name.to_owned(),
             env: default_env(&redis.url(), name),
         }
+    }
+
+    /// `LOCK_NODES` on these separate nodes instead of databases of the stock's Redis.
+    pub fn lock_nodes(self, nodes: &LockNodes) -> Self {
+        self.env("LOCK_NODES", nodes.urls())
     }
 
     pub fn env(mut self, key: &str, value: impl ToString) -> Self {

@@ -14,6 +14,11 @@
 //!   process's log), an HTTP client that reads `X-Instance`, and a cluster or a whole stack
 //!   in one call.
 //!
+//! Beside them, lock nodes of their own ([`fixture::LockNodes`]: N `redis-server` processes
+//! for `LOCK_NODES`) and real network faults ([`netns`]: a namespace with veth links that
+//! can be cut, slowed or made lossy, removed on drop), with [`DelayProxy`] for a delay where
+//! the kernel has no `tc netem`.
+//!
 //! This crate depends on nothing of the workspace: the service is run as a binary.
 
 use std::net::TcpListener;
@@ -23,12 +28,16 @@ pub mod fixture;
 pub mod group;
 pub mod inventory;
 pub mod native;
+pub mod netns;
 pub mod nginx;
+pub mod proxy;
 pub mod redis;
 
 pub use group::{DEFAULT_GRACE, ProcStat, ProcessGroup, group_members, signal_named};
 pub use inventory::{InventoryProcess, LogSink, default_env, inventory_binary};
+pub use netns::{Link, Namespace};
 pub use nginx::NginxProcess;
+pub use proxy::DelayProxy;
 pub use redis::RedisProcess;
 
 /// A port the OS had free a moment ago; servers that then fail to bind it are retried.

@@ -19,22 +19,51 @@ pub struct RedisProcess {
     pub port: u16,
     dir: TempDir,
     extra: Vec<String>,
+    /// Where it listens: `127.0.0.1`, or the addresses inside a network namespace.
+    binds: Vec<String>,
+    /// The namespace it runs in (`ip netns exec`), if any.
+    netns: Option<String>,
 }
 
 impl RedisProcess {
     /// `extra` is passed on to `redis-server` (`--notify-keyspace-events Ex`, say).
     pub async fn start(extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_on(None, vec!["127.0.0.1".to_owned()], extra).await
+    }
+
+    /// A server inside network namespace `ns`, listening on `binds` (the namespace's ends of
+    /// its links); its [`url`](Self::url) is on the first of them, [`url_at`](Self::url_at)
+    /// names another. Protected mode is off, as it refuses every address but loopback: only
+    /// the namespace's own links reach these addresses.
+    pub async fn start_in(
+        ns: &crate::netns::Namespace,
+        binds: &[std::net::Ipv4Addr],
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let binds = binds.iter().map(|a| a.to_string()).collect();
+        let mut extra = extra.to_vec();
+        extra.extend(["--protected-mode", "no"]);
+        Self::start_on(Some(ns.name.clone()), binds, &extra).await
+    }
+
+    async fn start_on(
+        netns: Option<String>,
+        binds: Vec<String>,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let mut last_log = String::new();
         for _ in 0..START_ATTEMPTS {
             let dir = tempfile::tempdir()?;
             let port = free_port()?;
-            let process = spawn_redis(port, dir.path(), &extra)?;
+            let process = spawn_redis(port, dir.path(), &extra, &binds, netns.as_deref())?;
             let server = RedisProcess {
                 process,
                 port,
                 dir,
                 extra: extra.clone(),
+                binds: binds.clone(),
+                netns: netns.clone(),
             };
             if server.wait_ready(Duration::from_secs(5)).await {
                 return Ok(server);
@@ -49,7 +78,13 @@ impl RedisProcess {
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.stop().await;
         for _ in 0..START_ATTEMPTS {
-            self.process = spawn_redis(self.port, self.dir.path(), &self.extra)?;
+            self.process = spawn_redis(
+                self.port,
+                self.dir.path(),
+                &self.extra,
+                &self.binds,
+                self.netns.as_deref(),
+            )?;
             if self.wait_ready(Duration::from_secs(5)).await {
                 return Ok(());
             }
@@ -79,7 +114,12 @@ impl RedisProcess {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://{}:{}", self.binds[0], self.port)
+    }
+
+    /// Its URL on `addr`, one of the addresses it binds.
+    pub fn url_at(&self, addr: std::net::Ipv4Addr) -> String {
+        format!("redis://{addr}:{}", self.port)
     }
 
     pub async fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {
@@ -114,17 +154,26 @@ impl RedisProcess {
     }
 }
 
-fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> anyhow::Result<ProcessGroup> {
-    let mut command = Command::new("redis-server");
+fn spawn_redis(
+    port: u16,
+    dir: &Path,
+    extra: &[String],
+    binds: &[String],
+    netns: Option<&str>,
+) -> anyhow::Result<ProcessGroup> {
+    // `ip netns exec` execs the server: the pid, and the group, are still the server's.
+    let mut command = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "redis-server"]);
+            c
+        }
+        None => Command::new("redis-server"),
+    };
     command
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
+        .args(["--port", &port.to_string(), "--bind"])
+        .args(binds)
+        .args(["--save", ""])
         .args(["--appendonly", "no", "--dir"])
         .arg(dir)
         .arg("--logfile")

@@ -362,3 +362,86 @@ where
     }
     None
 }
+
+/// A network namespace with a Redis inside, reachable over two links, one of them cut: and
+/// a test that panics while holding it leaves no namespace, no veth, no process behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_namespace_dropped_by_a_panicking_test_leaves_no_namespace_veth_or_process() {
+    use std::time::Duration;
+    use testkit::{Namespace, RedisProcess, netns};
+
+    assert!(
+        netns::supported(),
+        "network namespaces need root and iproute2 (CI runs as root)"
+    );
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let test = tokio::spawn(async move {
+        let mut ns = Namespace::create().unwrap();
+        let (a, b) = (ns.add_link().unwrap(), ns.add_link().unwrap());
+        let (addr_a, addr_b) = (ns.link(a).ns_addr, ns.link(b).ns_addr);
+        assert!(
+            [addr_a, addr_b]
+                .iter()
+                .all(|addr| addr.octets()[..2] == [10, 200]),
+            "only the private range: {addr_a} {addr_b}"
+        );
+        let redis = RedisProcess::start_in(&ns, &[addr_a, addr_b], &[])
+            .await
+            .unwrap();
+        let ping = |url: String| async move {
+            let client = redis::Client::open(url).unwrap();
+            let attempt = async {
+                let mut c = client.get_multiplexed_async_connection().await?;
+                redis::cmd("PING").query_async::<String>(&mut c).await
+            };
+            tokio::time::timeout(Duration::from_millis(500), attempt)
+                .await
+                .is_ok_and(|r| r.is_ok())
+        };
+        assert!(ping(redis.url_at(addr_a)).await && ping(redis.url_at(addr_b)).await);
+        ns.link(a).cut().unwrap();
+        assert!(
+            !ping(redis.url_at(addr_a)).await,
+            "a cut link does not answer"
+        );
+        assert!(
+            ping(redis.url_at(addr_b)).await,
+            "the other link still does"
+        );
+        ns.link(a).heal().unwrap();
+        // The link needs a moment for its carrier and for the address to resolve again.
+        let mut healed = false;
+        for _ in 0..20 {
+            if ping(redis.url_at(addr_a)).await {
+                healed = true;
+                break;
+            }
+        }
+        assert!(healed, "a healed link answers again");
+        let names: Vec<String> = std::iter::once(ns.name.clone())
+            .chain(ns.links().iter().map(|l| l.host_if.clone()))
+            .collect();
+        assert!(
+            names.iter().all(|n| netns::leftovers().contains(n)),
+            "the scan sees them: {names:?} in {:?}",
+            netns::leftovers()
+        );
+        tx.send((names, redis.pid().unwrap())).unwrap();
+        // The namespace is declared first, so it drops after the server, as in a real test;
+        // its drop also kills whatever would still run inside.
+        panic!("a failing test");
+    });
+    let outcome = test.await;
+    assert!(outcome.is_err_and(|e| e.is_panic()));
+    let (names, pid) = rx.await.unwrap();
+    let left = netns::leftovers();
+    assert!(
+        names.iter().all(|n| !left.contains(n)),
+        "left behind: {left:?}"
+    );
+    let stat = ProcStat::read(pid);
+    assert!(
+        stat.as_ref().is_none_or(|s| s.is_zombie()),
+        "redis in the namespace still runs: {stat:?}"
+    );
+}

@@ -47,6 +47,14 @@ rows! {
     fenced_refuses_the_paused_holders_stale_write => ("process-pause", "fenced", Safe),
     a_lock_does_not_protect_against_a_writer_that_ignores_it => ("mixed-writers", "none", Flaw),
     atomic_sales_beside_fenced_ones_never_overwrite_or_get_overwritten => ("mixed-writers", "atomic", Safe),
+    fenced_sales_fail_while_its_one_redis_node_is_down => ("node-loss", "fenced", Flaw),
+    redlock_sells_on_with_one_of_three_nodes_killed => ("node-loss", "redlock", Safe),
+    fenced_on_one_node_cannot_sell_from_the_instance_cut_off_from_it => ("partition", "fenced", Flaw),
+    redlock_keeps_one_holder_at_a_time_with_a_node_cut_off_from_one_instance => ("partition", "redlock", Safe),
+    redlock_lets_a_paused_holder_write_after_its_validity_ran_out => ("redlock-pause", "redlock", Flaw),
+    redlock_fenced_refuses_the_paused_holders_stale_write => ("redlock-pause", "redlock-fenced", Safe),
+    redlock_grants_the_lock_twice_when_a_node_restarts_empty => ("node-restart", "redlock", Flaw),
+    redlock_fenced_keeps_the_stock_right_when_a_node_restarts_empty => ("node-restart", "redlock-fenced", Safe),
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use inventory::lock::Strategy;
 use loadtest::{LoadTest, Plan, StrategyReport, Verdict};
-use testkit::fixture::{Cluster, Stack};
+use testkit::fixture::{Cluster, LockNodes, Stack};
 use testkit::native;
 
 use crate::harness::repo_path;
@@ -168,6 +168,44 @@ async fn killing_an_instance_under_load_loses_no_sale_and_sells_none_twice() {
         report.instances.get(survivor).copied().unwrap_or(0)
             > report.instances.get(&victim).copied().unwrap_or(0),
         "{report:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_one_of_three_lock_nodes_down_redlock_sells_the_whole_stock_through_nginx() {
+    let mut nodes = LockNodes::start(3).await;
+    let stack = Stack::start(|b| b.lock_nodes(&nodes)).await;
+    nodes.kill(1).await;
+    let ready = stack.get("/ready").await;
+    assert_eq!(ready.status, 200, "a majority answers: {ready:?}");
+    let report = load(&stack, "redlock", 60, 200, 1).await;
+    assert_eq!(
+        report.error_kinds.get("redis_unavailable"),
+        None,
+        "{report:#?}"
+    );
+    // The whole stock, and nothing but waits that ran out: a dead node costs every acquire
+    // its per-node timeout, and 16 buyers polling for one lock are not served in order.
+    assert_eq!(report.sold, 60, "{report:#?}");
+    assert!(
+        report.error_kinds.keys().all(|k| k == "lock_timeout"),
+        "{report:#?}"
+    );
+    assert_eq!(report.verdict, Verdict::Safe, "{report:#?}");
+    assert_agrees_with_the_audit(&stack, &report).await;
+    let audit = stack.get("/inventory/audit").await.body;
+    assert_eq!(audit["clean"], true, "{audit}");
+    assert_eq!(audit["remaining"], 0, "{audit}");
+    // The dead node was asked and counted as failed: the quorum really ran without it.
+    let metrics = stack.get("/metrics").await.body;
+    let metrics = metrics.as_str().unwrap_or_default();
+    assert!(
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("inventory_lock_node_votes_total")
+                && l.contains("vote=\"failed\""))
+            .any(|l| l.rsplit(' ').next().and_then(|n| n.parse::<f64>().ok()) > Some(0.0)),
+        "{metrics}"
     );
 }
 

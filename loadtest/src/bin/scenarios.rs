@@ -113,13 +113,13 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 
 fn print_table(runs: &[Run]) {
     println!(
-        "{:<14}  {:<12}  {:<8}  {:<8}  ok",
+        "{:<14}  {:<14}  {:<8}  {:<8}  ok",
         "scenario", "strategy", "expected", "observed"
     );
-    println!("{:-<14}  {:-<12}  {:-<8}  {:-<8}  --", "", "", "", "");
+    println!("{:-<14}  {:-<14}  {:-<8}  {:-<8}  --", "", "", "", "");
     for r in runs {
         println!(
-            "{:<14}  {:<12}  {:<8}  {:<8}  {}",
+            "{:<14}  {:<14}  {:<8}  {:<8}  {}",
             r.scenario,
             r.strategy,
             r.expected.to_string(),

@@ -14,7 +14,7 @@ use inventory::lock::Strategy;
 use inventory::store::{Audit, Keys};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
-use testkit::{InventoryProcess, LogSink, RedisProcess, default_env};
+use testkit::{InventoryProcess, LogSink, Namespace, RedisProcess, default_env};
 
 use super::Fault;
 use crate::timeline::{Entry, Timeline};
@@ -27,13 +27,34 @@ const WAIT_MS: u64 = 3_000;
 /// How long the runner waits for an event it caused.
 const EVENT_WITHIN: Duration = Duration::from_secs(5);
 
+/// Where the lock nodes (`LOCK_NODES`) and the stock's Redis live in a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Nodes {
+    /// Three databases of the stock's Redis (the default of every instance).
+    Shared,
+    /// Three `redis-server` processes of their own on loopback.
+    Separate,
+    /// Like `Separate`, but the third node runs in a network namespace reached by one link
+    /// per instance, so that it can be cut off from `app1` alone (link 0).
+    ThirdInNamespace,
+    /// The stock's Redis (and the lock nodes, its databases) in a namespace reached by one
+    /// link per instance: its one node can be cut off from `app1` alone (link 0).
+    StockInNamespace,
+}
+
 /// A fresh Redis and two instances, with the scenario's settings.
 pub(super) struct Env {
-    redis: RedisProcess,
+    /// Declared first: dropped before the namespace they may run in.
+    pub(super) redis: RedisProcess,
+    /// The separate lock nodes, when the scenario has them.
+    pub(super) nodes: Vec<tokio::sync::Mutex<RedisProcess>>,
     pub(super) apps: Vec<InventoryProcess>,
     pub(super) timeline: Timeline,
     http: reqwest::Client,
     keys: Keys,
+    /// The namespace of `Nodes::ThirdInNamespace` / `StockInNamespace`; dropped last, which
+    /// removes it with its links.
+    pub(super) ns: Option<Namespace>,
 }
 
 #[derive(Debug)]
@@ -59,12 +80,65 @@ impl Reply {
 }
 
 impl Env {
-    pub(super) async fn start(bin: &Path, fault: Fault) -> anyhow::Result<Self> {
-        let redis = RedisProcess::start(&["--notify-keyspace-events", "Ex"]).await?;
+    pub(super) async fn start(
+        bin: &Path,
+        fault: Fault,
+        strategy: Strategy,
+    ) -> anyhow::Result<Self> {
+        let placement = fault.nodes(strategy);
+        let mut extra = vec!["--notify-keyspace-events", "Ex"];
+        extra.extend(fault.redis_extra());
+        let mut ns = match placement {
+            Nodes::ThirdInNamespace | Nodes::StockInNamespace => {
+                let mut ns = Namespace::create()?;
+                ns.add_link()?;
+                ns.add_link()?;
+                Some(ns)
+            }
+            Nodes::Shared | Nodes::Separate => None,
+        };
+        let in_ns = |ns: &Option<Namespace>| {
+            ns.as_ref()
+                .map(|ns| (ns.link(0).ns_addr, ns.link(1).ns_addr))
+        };
+        let redis = match (placement, in_ns(&ns)) {
+            (Nodes::StockInNamespace, Some((a, b))) => {
+                RedisProcess::start_in(ns.as_ref().context("namespace")?, &[a, b], &extra).await?
+            }
+            _ => RedisProcess::start(&extra).await?,
+        };
+        let mut nodes = Vec::new();
+        if matches!(placement, Nodes::Separate | Nodes::ThirdInNamespace) {
+            nodes.push(RedisProcess::start(&[]).await?);
+            nodes.push(RedisProcess::start(&[]).await?);
+            nodes.push(match in_ns(&ns) {
+                Some((a, b)) if placement == Nodes::ThirdInNamespace => {
+                    RedisProcess::start_in(ns.as_mut().context("namespace")?, &[a, b], &[]).await?
+                }
+                _ => RedisProcess::start(&[]).await?,
+            });
+        }
         let timeline = Timeline::new();
         let mut apps = Vec::new();
-        for name in ["app1", "app2"] {
-            let mut env: BTreeMap<String, String> = default_env(&redis.url(), name);
+        for (i, name) in ["app1", "app2"].into_iter().enumerate() {
+            // Each instance reaches a node in the namespace through a link of its own.
+            let link = in_ns(&ns).map(|(a, b)| if i == 0 { a } else { b });
+            let stock_url = match (placement, link) {
+                (Nodes::StockInNamespace, Some(addr)) => redis.url_at(addr),
+                _ => redis.url(),
+            };
+            let mut env: BTreeMap<String, String> = default_env(&stock_url, name);
+            if !nodes.is_empty() {
+                let urls: Vec<String> = nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(n, node)| match link {
+                        Some(addr) if n == 2 => node.url_at(addr),
+                        _ => node.url(),
+                    })
+                    .collect();
+                env.insert("LOCK_NODES".into(), urls.join(","));
+            }
             env.insert("LOCK_TTL_MS".into(), TTL_MS.to_string());
             env.insert("LOCK_WAIT_MS".into(), WAIT_MS.to_string());
             fault.configure(name, &mut env);
@@ -76,18 +150,36 @@ impl Env {
         }
         let env = Self {
             redis,
+            nodes: nodes.into_iter().map(tokio::sync::Mutex::new).collect(),
             apps,
             timeline,
             http: reqwest::Client::new(),
             keys: Keys::new("001"),
+            ns: ns.take(),
         };
         env.watch_expiries().await?;
         Ok(env)
     }
 
+    /// Cuts the namespace's link 0 (`app1`'s): from now on `app1` cannot reach what runs in
+    /// the namespace, while `app2` still can.
+    pub(super) fn cut_app1(&self) -> anyhow::Result<()> {
+        let ns = self.ns.as_ref().context("this scenario has no namespace")?;
+        ns.link(0).cut()?;
+        self.timeline.note(
+            "runner",
+            format!(
+                "partition: link {} ({}) down, app1 cut off from the namespace",
+                ns.link(0).host_if,
+                ns.link(0).ns_addr
+            ),
+        );
+        Ok(())
+    }
+
     /// Puts Redis's own word for a lease running out on the timeline.
     async fn watch_expiries(&self) -> anyhow::Result<()> {
-        let mut pubsub = redis::Client::open(self.redis.url())?
+        let mut pubsub = redis::Client::open(self.runner_url())?
             .get_async_pubsub()
             .await?;
         pubsub.subscribe("__keyevent@0__:expired").await?;
@@ -101,6 +193,15 @@ impl Env {
             }
         });
         Ok(())
+    }
+
+    /// The stock's Redis as the runner reaches it: through `app2`'s link when it runs in a
+    /// namespace (`app1`'s may be cut).
+    fn runner_url(&self) -> String {
+        match &self.ns {
+            Some(ns) if self.nodes.is_empty() => self.redis.url_at(ns.link(1).ns_addr),
+            _ => self.redis.url(),
+        }
     }
 
     pub(super) async fn reset(&self, stock: i64) -> anyhow::Result<()> {
@@ -176,4 +277,39 @@ pub(super) fn query(strategy: Strategy, work_ms: u64) -> String {
 
 pub(super) fn audit_json(audit: &Audit) -> Value {
     serde_json::to_value(audit).unwrap_or(Value::Null)
+}
+
+/// Pairs of sales that held the lock at the same time, by their timeline entries, as
+/// `"app1 [tag] / app2 [tag]"`. A sale holds from its `lock acquired` to the first of its
+/// write, its refusal or its release (a sale that logged none holds to the end): the release
+/// of a quorum lock is logged only once every node answered or timed out, well after the
+/// nodes that count have freed it, so it alone would see a hand-over as an overlap.
+pub(super) fn overlapping_holders(timeline: &Timeline) -> Vec<String> {
+    use crate::timeline::sale_tag;
+    let entries = timeline.entries();
+    let ends = [Event::SaleWritten, Event::SaleRefused, Event::LockReleased];
+    let mut spans: Vec<(u64, u64, String)> = Vec::new();
+    for e in entries
+        .iter()
+        .filter(|e| e.event() == Some(Event::LockAcquired))
+    {
+        let tag = sale_tag(e);
+        let end = entries
+            .iter()
+            .filter(|r| r.event().is_some_and(|ev| ends.contains(&ev)))
+            .find(|r| r.who == e.who && sale_tag(r) == tag && r.at_ms >= e.at_ms)
+            .map_or(u64::MAX, |r| r.at_ms);
+        spans.push((e.at_ms, end, format!("{} {}", e.who, tag.trim())));
+    }
+    let mut overlaps = Vec::new();
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            // Strictly inside: an end and the next acquire logged in the same millisecond
+            // are a hand-over, not two holders.
+            if a.0 < b.1 && b.0 < a.1 && a.2 != b.2 {
+                overlaps.push(format!("{} / {}", a.2, b.2));
+            }
+        }
+    }
+    overlaps
 }

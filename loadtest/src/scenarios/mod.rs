@@ -24,14 +24,18 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use env::Env;
+use env::{Env, Nodes};
 
 mod crash_holder;
 mod env;
 mod handover;
 mod long_work;
 mod mixed_writers;
+mod node_loss;
+mod node_restart;
+mod partition;
 mod process_pause;
+mod redlock_pause;
 mod reentry;
 mod release_race;
 mod slow_holder;
@@ -48,12 +52,16 @@ pub enum Fault {
     LongWork,
     ProcessPause,
     MixedWriters,
+    NodeLoss,
+    Partition,
+    RedlockPause,
+    NodeRestart,
 }
 
 impl Fault {
     /// Every fault, in the order of the story (each row's flawed strategy is the survivor
     /// of the row before, until `mixed-writers`).
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 12] = [
         Fault::TwoInstances,
         Fault::CrashHolder,
         Fault::SlowHolder,
@@ -62,6 +70,10 @@ impl Fault {
         Fault::LongWork,
         Fault::ProcessPause,
         Fault::MixedWriters,
+        Fault::NodeLoss,
+        Fault::Partition,
+        Fault::RedlockPause,
+        Fault::NodeRestart,
     ];
 
     /// Its name on the command line, in `--json` and in the test names.
@@ -75,6 +87,10 @@ impl Fault {
             Fault::LongWork => "long-work",
             Fault::ProcessPause => "process-pause",
             Fault::MixedWriters => "mixed-writers",
+            Fault::NodeLoss => "node-loss",
+            Fault::Partition => "partition",
+            Fault::RedlockPause => "redlock-pause",
+            Fault::NodeRestart => "node-restart",
         }
     }
 
@@ -89,6 +105,29 @@ impl Fault {
             Fault::LongWork => long_work::SCENARIO,
             Fault::ProcessPause => process_pause::SCENARIO,
             Fault::MixedWriters => mixed_writers::SCENARIO,
+            Fault::NodeLoss => node_loss::SCENARIO,
+            Fault::Partition => partition::SCENARIO,
+            Fault::RedlockPause => redlock_pause::SCENARIO,
+            Fault::NodeRestart => node_restart::SCENARIO,
+        }
+    }
+
+    /// Where the stock's Redis and the lock nodes run for `strategy`'s row.
+    fn nodes(self, strategy: Strategy) -> Nodes {
+        match self {
+            Fault::NodeLoss => node_loss::nodes(strategy),
+            Fault::Partition => partition::nodes(strategy),
+            Fault::NodeRestart => Nodes::ThirdInNamespace,
+            _ => Nodes::Shared,
+        }
+    }
+
+    /// Arguments for the stock's `redis-server` beyond the common ones.
+    fn redis_extra(self) -> &'static [&'static str] {
+        match self {
+            // The stock must survive its node's crash for "sales resume when it returns".
+            Fault::NodeLoss => &["--appendonly", "yes", "--appendfsync", "always"],
+            _ => &[],
         }
     }
 
@@ -97,17 +136,21 @@ impl Fault {
         match self {
             Fault::ReleaseRace => release_race::configure(app, env),
             Fault::Reentry => reentry::configure(app, env),
+            Fault::NodeLoss => node_loss::configure(env),
             Fault::TwoInstances
             | Fault::CrashHolder
             | Fault::SlowHolder
             | Fault::LongWork
             | Fault::ProcessPause
-            | Fault::MixedWriters => {}
+            | Fault::MixedWriters
+            | Fault::Partition
+            | Fault::RedlockPause
+            | Fault::NodeRestart => {}
         }
     }
 
     /// Provokes it on `env` with `strategy`, and judges what happened.
-    async fn provoke(self, env: &Env, strategy: Strategy) -> anyhow::Result<(Observed, Value)> {
+    async fn provoke(self, env: &mut Env, strategy: Strategy) -> anyhow::Result<(Observed, Value)> {
         match self {
             Fault::TwoInstances => two_instances::run(env, strategy).await,
             Fault::CrashHolder => crash_holder::run(env, strategy).await,
@@ -117,6 +160,10 @@ impl Fault {
             Fault::LongWork => long_work::run(env, strategy).await,
             Fault::ProcessPause => process_pause::run(env, strategy).await,
             Fault::MixedWriters => mixed_writers::run(env, strategy).await,
+            Fault::NodeLoss => node_loss::run(env, strategy).await,
+            Fault::Partition => partition::run(env, strategy).await,
+            Fault::RedlockPause => redlock_pause::run(env, strategy).await,
+            Fault::NodeRestart => node_restart::run(env, strategy).await,
         }
     }
 }
@@ -200,8 +247,8 @@ pub async fn run(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let env = Env::start(bin, fault).await?;
-        let (observed, mut details) = fault.provoke(&env, strategy).await?;
+        let mut env = Env::start(bin, fault, strategy).await?;
+        let (observed, mut details) = fault.provoke(&mut env, strategy).await?;
         if observed == Observed::Missed && attempt < attempts {
             continue;
         }
