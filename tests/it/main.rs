@@ -10,6 +10,7 @@ mod compose;
 mod harness;
 mod leaks;
 mod lua;
+mod pictures;
 mod resilience;
 mod safety;
 mod scenarios;
