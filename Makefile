@@ -7,7 +7,7 @@ NGINX_PORT ?= 8080
 LOADTEST_ARGS ?= --stock 100 --requests 1000 --concurrency 64
 REPORT ?= run/report.html
 
-.PHONY: test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios compose-check bench-lock bench
+.PHONY: test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios scenario-pictures compose-check bench-lock bench
 
 ## demo: install redis-server and nginx if missing, build, start the native stack, load-test every strategy
 demo: stack-deps up
@@ -24,9 +24,26 @@ demo: stack-deps up
 	echo "Stop it with: make down"; \
 	exit $$status
 
-## scenarios: make each version's flaw happen on demand (own redis-server and instances), with a verdict
+## scenarios: make each version's flaw happen on demand (own redis-server and instances), with a verdict;
+## run/scenarios.html draws each run as a picture
+SCENARIO_REPORT ?= run/scenarios.html
 scenarios: stack-deps release
-	target/release/scenarios $(SCENARIO_ARGS)
+	target/release/scenarios --report $(SCENARIO_REPORT) $(SCENARIO_ARGS)
+
+## scenario-pictures: the README's picture of one flaw (the paused holder's stale write), rendered
+## from a fresh run's page by headless Chromium into docs/scenario-process-pause.png
+PICTURE_ROW ?= --scenario process-pause --strategy watchdog
+PICTURE_PNG ?= docs/scenario-process-pause.png
+PICTURE_SIZE ?= 1000,740
+scenario-pictures: stack-deps release
+	@scripts/ensure-deps.sh chromium:chromium
+	target/release/scenarios $(PICTURE_ROW) --report run/scenario-picture.html
+	chromium --headless=new --no-sandbox --disable-gpu --hide-scrollbars --no-first-run \
+		--disable-background-networking --user-data-dir=run/chromium-profile \
+		--window-size=$(PICTURE_SIZE) --screenshot=$(PICTURE_PNG) \
+		file://$(CURDIR)/run/scenario-picture.html 2>run/chromium.log \
+		|| { cat run/chromium.log; exit 1; }
+	@test -s $(PICTURE_PNG) && echo "wrote $(PICTURE_PNG)"
 
 ## bench-lock: C client processes on one lock, the project's waits against rslock (JSON lines)
 BENCH_LOCK_ARGS ?= --clients 16,64 --duration 10

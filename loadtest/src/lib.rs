@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod html;
 pub mod lockbench;
+pub mod picture;
 pub mod scenarios;
 pub mod table;
 pub mod timeline;

@@ -1,6 +1,8 @@
-//! Swagger UI in a real browser: Debian's Chromium, headless, driven through chromedriver,
-//! clicks "Try it out" and "Execute" on the sale, and the sale shows up in Redis.
+//! Pages in a real browser: Debian's Chromium, headless, driven through chromedriver. Swagger
+//! UI's "Try it out" and "Execute" on the sale put the sale in Redis; the scenarios' page shows
+//! a picture for every row.
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -51,14 +53,8 @@ impl ChromeDriver {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn swagger_ui_try_it_out_sells_an_item() {
-    let cluster = Cluster::start(1, |b| b).await;
-    let app = &cluster.instances[0];
-    app.reset(3).await;
-    let driver = ChromeDriver::start().await;
-    let profile = tempfile::tempdir().unwrap();
-
+/// Headless Chromium through `driver`, with its profile in `profile`.
+async fn headless(driver: &ChromeDriver, profile: &Path) -> fantoccini::Client {
     let mut caps = serde_json::Map::new();
     caps.insert(
         "goog:chromeOptions".into(),
@@ -68,16 +64,26 @@ async fn swagger_ui_try_it_out_sells_an_item() {
                 "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--disable-quic", "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--window-size=1280,2000",
-                format!("--user-data-dir={}", profile.path().display()),
+                format!("--user-data-dir={}", profile.display()),
             ]
         }),
     );
     let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    let browser = ClientBuilder::new(connector)
+    ClientBuilder::new(connector)
         .capabilities(caps)
         .connect(&format!("http://127.0.0.1:{}", driver.port))
         .await
-        .expect("start headless chromium");
+        .expect("start headless chromium")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn swagger_ui_try_it_out_sells_an_item() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(3).await;
+    let driver = ChromeDriver::start().await;
+    let profile = tempfile::tempdir().unwrap();
+    let browser = headless(&driver, profile.path()).await;
 
     let outcome = async {
         browser.goto(&app.url("/swagger-ui/")).await?;
@@ -126,4 +132,65 @@ async fn swagger_ui_try_it_out_sells_an_item() {
         (Some(1), Some(2)),
         "{audit}"
     );
+}
+
+/// Every scenario row, run for real, rendered by `scenarios --report`'s page and opened from
+/// disk (nothing fetched): each row is there with its picture, lanes and bars drawn.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_scenarios_page_shows_every_rows_picture_in_chromium() {
+    let bin = Path::new(env!("CARGO_BIN_EXE_inventory"));
+    let mut runs = Vec::new();
+    for (fault, strategy) in loadtest::scenarios::rows() {
+        runs.push(
+            loadtest::scenarios::run_bounded(fault, strategy, bin, 3)
+                .await
+                .unwrap(),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("scenarios.html");
+    std::fs::write(&page, loadtest::picture::page(&runs)).unwrap();
+
+    let driver = ChromeDriver::start().await;
+    let profile = tempfile::tempdir().unwrap();
+    let browser = headless(&driver, profile.path()).await;
+    let outcome = async {
+        browser.goto(&format!("file://{}", page.display())).await?;
+        let mut seen = Vec::new();
+        for section in browser.find_all(Locator::Css("section.row")).await? {
+            let row = format!(
+                "{}/{}",
+                section.attr("data-scenario").await?.unwrap_or_default(),
+                section.attr("data-strategy").await?.unwrap_or_default()
+            );
+            let picture = section.find(Locator::Css("svg.picture")).await?;
+            let (_, _, width, height) = picture.rectangle().await?;
+            let lanes = picture.find_all(Locator::Css("g.lane")).await?.len();
+            let bars = picture
+                .find_all(Locator::Css(
+                    "rect.hold, rect.lease, rect.unlocked, rect.mark",
+                ))
+                .await?
+                .len();
+            seen.push((row, width, height, lanes, bars));
+        }
+        Ok::<_, fantoccini::error::CmdError>(seen)
+    }
+    .await;
+    let _ = browser.close().await;
+    let seen = outcome.expect("open the scenarios' page");
+    let expected: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{}/{}", r.scenario, r.strategy))
+        .collect();
+    let rows: Vec<String> = seen.iter().map(|s| s.0.clone()).collect();
+    assert_eq!(rows, expected, "one section per row, in order");
+    for (row, width, height, lanes, bars) in &seen {
+        assert!(
+            *width > 500.0 && *height > 100.0,
+            "{row}: picture drawn {width}x{height}"
+        );
+        assert!(*lanes >= 2, "{row}: {lanes} lanes");
+        assert!(*bars >= 1, "{row}: nothing drawn on the lanes");
+    }
 }

@@ -11,6 +11,7 @@ mod handoff;
 mod harness;
 mod leaks;
 mod lua;
+mod pictures;
 mod quorum;
 mod resilience;
 mod safety;

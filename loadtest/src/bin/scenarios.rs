@@ -26,6 +26,9 @@ struct Args {
     /// The `inventory` binary to start (default: the one next to this executable).
     #[arg(long, env = "INVENTORY_BIN")]
     inventory_bin: Option<std::path::PathBuf>,
+    /// Also write one HTML page with a picture of each run (inline SVG, nothing fetched).
+    #[arg(long, value_name = "FILE.html")]
+    report: Option<std::path::PathBuf>,
     /// List the scenarios and exit.
     #[arg(long)]
     list: bool,
@@ -107,6 +110,16 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     }
     if !args.json {
         print_table(&runs);
+    }
+    if let Some(path) = &args.report {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, loadtest::picture::page(&runs))
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+        if !args.json {
+            println!("pictures: {}", path.display());
+        }
     }
     Ok(runs.iter().all(|r| r.ok))
 }

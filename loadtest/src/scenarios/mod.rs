@@ -229,6 +229,9 @@ pub struct Run {
     pub details: Value,
     #[serde(skip)]
     pub timeline: String,
+    /// The entries the timeline was rendered from, for the picture (`crate::picture`).
+    #[serde(skip)]
+    pub entries: Vec<crate::timeline::Entry>,
 }
 
 /// Runs `fault`'s scenario for `strategy`. A run whose fault did not take place is tried
@@ -261,6 +264,7 @@ pub async fn run(
             ok: observed == expected,
             details,
             timeline: env.timeline.render(),
+            entries: env.timeline.entries(),
         });
     }
 }
