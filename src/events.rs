@@ -27,10 +27,13 @@ pub enum Event {
     SaleWritten,
     /// The write refused (`reason`: `lock_lost`, `stale_fence`, ...).
     SaleRefused,
+    /// An optimistic sale's `EXEC` refused because a watched key changed (`attempt`): its
+    /// work is thrown away and it tries again.
+    TransactionConflict,
 }
 
 impl Event {
-    pub const ALL: [Event; 7] = [
+    pub const ALL: [Event; 8] = [
         Event::LockAcquired,
         Event::LockReleased,
         Event::LockRenewed,
@@ -38,6 +41,7 @@ impl Event {
         Event::StockRead,
         Event::SaleWritten,
         Event::SaleRefused,
+        Event::TransactionConflict,
     ];
 
     /// Its value in the [`FIELD`] of a log line.
@@ -50,6 +54,7 @@ impl Event {
             Event::StockRead => "stock read",
             Event::SaleWritten => "sale written",
             Event::SaleRefused => "sale refused",
+            Event::TransactionConflict => "transaction conflict",
         }
     }
 

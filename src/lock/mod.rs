@@ -14,6 +14,7 @@ mod fenced;
 mod local;
 mod lua_release;
 mod none;
+pub mod optimistic;
 mod owner_check;
 pub mod redlock;
 mod reentrant;
@@ -301,7 +302,7 @@ impl Locks {
     ) -> Result<Guard, LockError> {
         let started = Instant::now();
         let (fence, hold) = match strategy {
-            Strategy::None | Strategy::Atomic => (None, Hold::Nothing),
+            Strategy::None | Strategy::Atomic | Strategy::Optimistic => (None, Hold::Nothing),
             Strategy::Local => {
                 let guard =
                     local::acquire(&self.local, deadline)

@@ -10,6 +10,7 @@ mod compose;
 mod harness;
 mod leaks;
 mod lua;
+mod optimistic;
 mod resilience;
 mod safety;
 mod scenarios;

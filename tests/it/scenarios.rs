@@ -47,6 +47,8 @@ rows! {
     fenced_refuses_the_paused_holders_stale_write => ("process-pause", "fenced", Safe),
     a_lock_does_not_protect_against_a_writer_that_ignores_it => ("mixed-writers", "none", Flaw),
     atomic_sales_beside_fenced_ones_never_overwrite_or_get_overwritten => ("mixed-writers", "atomic", Safe),
+    optimistic_sells_right_under_contention_but_throws_work_away => ("contention", "optimistic", Flaw),
+    fenced_waits_under_contention_and_never_retries => ("contention", "fenced", Safe),
 }
 
 #[test]

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 
 use env::Env;
 
+mod contention;
 mod crash_holder;
 mod env;
 mod handover;
@@ -48,12 +49,13 @@ pub enum Fault {
     LongWork,
     ProcessPause,
     MixedWriters,
+    Contention,
 }
 
 impl Fault {
     /// Every fault, in the order of the story (each row's flawed strategy is the survivor
     /// of the row before, until `mixed-writers`).
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 9] = [
         Fault::TwoInstances,
         Fault::CrashHolder,
         Fault::SlowHolder,
@@ -62,6 +64,7 @@ impl Fault {
         Fault::LongWork,
         Fault::ProcessPause,
         Fault::MixedWriters,
+        Fault::Contention,
     ];
 
     /// Its name on the command line, in `--json` and in the test names.
@@ -75,6 +78,7 @@ impl Fault {
             Fault::LongWork => "long-work",
             Fault::ProcessPause => "process-pause",
             Fault::MixedWriters => "mixed-writers",
+            Fault::Contention => "contention",
         }
     }
 
@@ -89,6 +93,7 @@ impl Fault {
             Fault::LongWork => long_work::SCENARIO,
             Fault::ProcessPause => process_pause::SCENARIO,
             Fault::MixedWriters => mixed_writers::SCENARIO,
+            Fault::Contention => contention::SCENARIO,
         }
     }
 
@@ -102,7 +107,8 @@ impl Fault {
             | Fault::SlowHolder
             | Fault::LongWork
             | Fault::ProcessPause
-            | Fault::MixedWriters => {}
+            | Fault::MixedWriters
+            | Fault::Contention => {}
         }
     }
 
@@ -117,6 +123,7 @@ impl Fault {
             Fault::LongWork => long_work::run(env, strategy).await,
             Fault::ProcessPause => process_pause::run(env, strategy).await,
             Fault::MixedWriters => mixed_writers::run(env, strategy).await,
+            Fault::Contention => contention::run(env, strategy).await,
         }
     }
 }
