@@ -9,6 +9,10 @@
 --     other kind of lock (single-node vs quorum), wrote since the read: a lock protects
 --     only the writers that take it, so the others announce themselves.
 --   mode 'atomic': no lock; decrement if anything is left, and announce the lock-free write.
+--   mode 'optimistic': no lock; only ever run inside a MULTI whose WATCH covers the stock and
+--     the write counters, so nothing has changed since the caller's read (else EXEC refused
+--     the whole transaction and this never ran). Writes the caller's value, and announces
+--     the lock-free write so that a locked sale that read before it is refused.
 -- KEYS[1]: the stock key
 -- KEYS[2]: the ledger (a stream of at most ARGV[7] entries)
 -- KEYS[3]: the number of sales since the last reset
@@ -21,14 +25,14 @@
 -- KEYS[9]: the initial stock (the bitmap counts down from it)
 -- KEYS[10]: 'locked' only: the count of writes under the other kind of lock (checked)
 -- KEYS[11]: 'locked' only: the count of writes under this kind of lock (incremented)
--- ARGV[1]: mode, 'locked' or 'atomic'
+-- ARGV[1]: mode, 'locked', 'optimistic' or 'atomic'
 -- ARGV[2]: order id
 -- ARGV[3]: instance name
 -- ARGV[4]: strategy name
 -- ARGV[5]: the idempotency claim this sale holds ('pending:<order id>'), or ''
 -- ARGV[6]: how long the idempotency key keeps the result, in milliseconds
 -- ARGV[7]: the ledger's cap (exact: one entry trimmed per sale once full)
--- ARGV[8]: 'locked' only: the new stock value
+-- ARGV[8]: 'locked' and 'optimistic': the new stock value
 -- ARGV[9]: 'locked' only: the fencing token, or '' when the strategy has none
 -- ARGV[10]: 'locked' only: the lock-free write count the caller read with the stock
 -- ARGV[11]: 'locked' only: the other-lock write count the caller read with the stock
@@ -64,6 +68,10 @@ if locked then
   end
   remaining = tonumber(ARGV[8])
   redis.call('SET', KEYS[1], remaining)
+elseif ARGV[1] == 'optimistic' then
+  remaining = tonumber(ARGV[8])
+  redis.call('SET', KEYS[1], remaining)
+  redis.call('INCR', KEYS[7])
 else
   if tonumber(current) <= 0 then
     return {5, 0}

@@ -104,6 +104,24 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub redis_timeout_ms: u64,
 
+    /// How every strategy but `optimistic` talks to Redis: `multiplexed` (one shared
+    /// connection, commands pipelined on it) or `pool` (a pooled connection per call).
+    /// `optimistic` always takes a pooled connection: `WATCH` belongs to a connection.
+    #[arg(long, env = "REDIS_CONNECTION", value_enum, default_value_t = ConnectionMode::Multiplexed)]
+    pub redis_connection: ConnectionMode,
+
+    /// Connections in the pool (one per `optimistic` sale in flight, and per call under
+    /// `REDIS_CONNECTION=pool`). The load test runs 64 buyers at once.
+    #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub redis_pool_size: u64,
+
+    /// How long a call waits for a free pooled connection, in milliseconds, before answering
+    /// 503 `pool_exhausted` (nothing sold).
+    #[arg(long, env = "REDIS_POOL_WAIT_MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub redis_pool_wait_ms: u64,
+
     /// How long the outcome of a sale sent with an `Idempotency-Key` is kept, in seconds.
     #[arg(long, env = "IDEMPOTENCY_TTL_S", default_value_t = 86_400,
           value_parser = clap::value_parser!(u64).range(1..=2_592_000))]
@@ -127,6 +145,13 @@ pub struct Config {
     /// Print the OpenAPI document as JSON and exit.
     #[arg(long)]
     pub openapi: bool,
+}
+
+/// How the strategies that need no connection of their own reach Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConnectionMode {
+    Multiplexed,
+    Pool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -165,6 +190,14 @@ impl Config {
 
     pub fn redis_timeout(&self) -> Duration {
         Duration::from_millis(self.redis_timeout_ms)
+    }
+
+    pub fn pool(&self) -> crate::store::PoolSettings {
+        crate::store::PoolSettings {
+            size: self.redis_pool_size as usize,
+            wait: Duration::from_millis(self.redis_pool_wait_ms),
+            mode: self.redis_connection,
+        }
     }
 }
 
@@ -307,6 +340,9 @@ mod tests {
         assert_eq!(default("lock_wait_ms"), "10000");
         assert_eq!(default("lock_wait"), "notify");
         assert_eq!(default("item_id"), "001");
+        assert_eq!(default("redis_connection"), "multiplexed");
+        assert_eq!(default("redis_pool_size"), "64");
+        assert_eq!(default("redis_pool_wait_ms"), "200");
         assert_eq!(default("instance_name"), "", "derived from host and port");
         assert_eq!(
             default("admin_token"),

@@ -30,10 +30,13 @@ pub enum Event {
     /// One quorum acquire's count (`redlock`): `votes`, one word per node in `LOCK_NODES`'
     /// order (`granted`, `busy`, `failed`), `granted`, `nodes` and whether it is `held`.
     LockQuorum,
+    /// An optimistic sale's `EXEC` refused because a watched key changed (`attempt`): its
+    /// work is thrown away and it tries again.
+    TransactionConflict,
 }
 
 impl Event {
-    pub const ALL: [Event; 8] = [
+    pub const ALL: [Event; 9] = [
         Event::LockAcquired,
         Event::LockReleased,
         Event::LockRenewed,
@@ -42,6 +45,7 @@ impl Event {
         Event::SaleWritten,
         Event::SaleRefused,
         Event::LockQuorum,
+        Event::TransactionConflict,
     ];
 
     /// Its value in the [`FIELD`] of a log line.
@@ -55,6 +59,7 @@ impl Event {
             Event::SaleWritten => "sale written",
             Event::SaleRefused => "sale refused",
             Event::LockQuorum => "lock quorum",
+            Event::TransactionConflict => "transaction conflict",
         }
     }
 

@@ -23,10 +23,12 @@ pub enum Outcome {
     RedisUnavailable,
     RedisAuth,
     OutcomeUnknown,
+    TooMuchContention,
+    PoolExhausted,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 11] = [
+    const ALL: [Outcome; 13] = [
         Outcome::Sold,
         Outcome::SoldOut,
         Outcome::LockTimeout,
@@ -38,6 +40,8 @@ impl Outcome {
         Outcome::RedisUnavailable,
         Outcome::RedisAuth,
         Outcome::OutcomeUnknown,
+        Outcome::TooMuchContention,
+        Outcome::PoolExhausted,
     ];
 
     pub fn label(self) -> &'static str {
@@ -53,6 +57,8 @@ impl Outcome {
             Outcome::RedisUnavailable => "redis_unavailable",
             Outcome::RedisAuth => "redis_auth_failed",
             Outcome::OutcomeUnknown => "outcome_unknown",
+            Outcome::TooMuchContention => "too_much_contention",
+            Outcome::PoolExhausted => "pool_exhausted",
         }
     }
 }
@@ -136,8 +142,30 @@ struct NodeVotes {
     votes: [AtomicU64; 3],
 }
 
+/// The pool's state at a scrape.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolGauges {
+    pub max_size: u64,
+    /// Connections open (idle or in use).
+    pub open: u64,
+    pub in_use: u64,
+    /// Calls waiting for a free connection now.
+    pub waiting: u64,
+}
+
+type PoolProbe = Box<dyn Fn() -> PoolGauges + Send + Sync>;
+
 #[derive(Default)]
 pub struct Metrics {
+    pool: std::sync::Mutex<Option<PoolProbe>>,
+    pool_waits: AtomicU64,
+    pool_exhausted: AtomicU64,
+    /// Per strategy: optimistic transactions whose `EXEC` found a watched key changed.
+    conflicts: [AtomicU64; STRATEGIES],
+    /// Per strategy: attempts beyond a sale's first.
+    retries: [AtomicU64; STRATEGIES],
+    /// Per strategy: business time spent in attempts whose write was thrown away.
+    wasted_work_micros: [AtomicU64; STRATEGIES],
     /// The nodes of `LOCK_NODES` (host:port), set once at start-up.
     nodes: OnceLock<Vec<NodeVotes>>,
     quorum_failures: AtomicU64,
@@ -208,6 +236,35 @@ impl Metrics {
         }
     }
 
+    /// The pool to report; the newest registered wins (a store sized after its creation).
+    pub fn register_pool(&self, probe: PoolProbe) {
+        if let Ok(mut pool) = self.pool.lock() {
+            *pool = Some(probe);
+        }
+    }
+
+    /// A checkout found every connection in use and had to wait.
+    pub fn pool_wait(&self) {
+        self.pool_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A checkout waited `REDIS_POOL_WAIT_MS` in vain.
+    pub fn pool_exhausted(&self) {
+        self.pool_exhausted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An optimistic attempt's `EXEC` was refused (nil): the work it did is thrown away and
+    /// the sale tries again (or gives up).
+    pub fn conflict(&self, strategy: Strategy, wasted: Duration) {
+        let i = index(strategy);
+        self.conflicts[i].fetch_add(1, Ordering::Relaxed);
+        self.wasted_work_micros[i].fetch_add(wasted.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn retry(&self, strategy: Strategy) {
+        self.retries[index(strategy)].fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn redis_error(&self) {
         self.redis_errors.fetch_add(1, Ordering::Relaxed);
     }
@@ -237,6 +294,68 @@ impl Metrics {
                 "inventory_lock_wait_seconds",
                 &format!("strategy=\"{strategy}\","),
             );
+        }
+
+        for (name, help, values, scale) in [
+            (
+                "inventory_optimistic_conflicts_total",
+                "Transactions whose EXEC was refused because a watched key changed.",
+                &self.conflicts,
+                1.0,
+            ),
+            (
+                "inventory_sale_retries_total",
+                "Attempts beyond a sale's first (divide by sold sales: retries per sale).",
+                &self.retries,
+                1.0,
+            ),
+            (
+                "inventory_wasted_work_seconds_total",
+                "Business time spent in attempts whose write was thrown away.",
+                &self.wasted_work_micros,
+                1e6,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (strategy, n) in Strategy::ALL.iter().zip(values) {
+                let value = load(n) as f64 / scale;
+                let _ = writeln!(out, "{name}{{strategy=\"{strategy}\"}} {value}");
+            }
+        }
+
+        let gauges = self
+            .pool
+            .lock()
+            .ok()
+            .and_then(|probe| probe.as_ref().map(|probe| probe()));
+        if let Some(g) = gauges {
+            for (name, help, value) in [
+                (
+                    "inventory_redis_pool_size",
+                    "Most connections the pool opens (REDIS_POOL_SIZE).",
+                    g.max_size,
+                ),
+                (
+                    "inventory_redis_pool_open",
+                    "Pooled connections open now.",
+                    g.open,
+                ),
+                (
+                    "inventory_redis_pool_in_use",
+                    "Pooled connections checked out now.",
+                    g.in_use,
+                ),
+                (
+                    "inventory_redis_pool_waiting",
+                    "Calls waiting for a free pooled connection now.",
+                    g.waiting,
+                ),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+                );
+            }
         }
 
         if let Some(nodes) = self.nodes.get() {
@@ -279,6 +398,16 @@ impl Metrics {
                 "inventory_fence_refusals_total",
                 "Sales refused because a newer fencing token was seen.",
                 &self.fence_refusals,
+            ),
+            (
+                "inventory_redis_pool_waits_total",
+                "Checkouts that found every pooled connection in use and waited.",
+                &self.pool_waits,
+            ),
+            (
+                "inventory_redis_pool_exhausted_total",
+                "Checkouts that waited REDIS_POOL_WAIT_MS in vain (503 pool_exhausted).",
+                &self.pool_exhausted,
             ),
             (
                 "inventory_redis_errors_total",

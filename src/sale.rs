@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 
 use crate::idempotency;
 use crate::idempotency::{Claim, Next, Prior, SoldEntry};
-use crate::lock::{Guard, LockError, Locks, atomic_sell};
+use crate::lock::{Guard, LockError, Locks, atomic_sell, optimistic};
 use crate::metrics::Outcome;
 use crate::store::{Entry, LockKind, Recorded, StockRead, Store};
 use crate::strategy::Strategy;
@@ -90,6 +90,11 @@ pub enum SaleError {
     StockChanged,
     /// The item has no stock key: never stocked, or Redis lost its data.
     UnknownItem,
+    /// Every optimistic attempt within the wait budget found the stock changed under it.
+    TooMuchContention {
+        attempts: u32,
+        waited: Duration,
+    },
     /// Redis failed before the write was sent: certainly nothing sold.
     Redis(RedisError),
     /// The write was sent and its answer never came: it may have landed.
@@ -111,7 +116,9 @@ impl SaleError {
             SaleError::InProgress => Outcome::InProgress,
             SaleError::StockChanged => Outcome::StockChanged,
             SaleError::UnknownItem => Outcome::UnknownItem,
+            SaleError::TooMuchContention { .. } => Outcome::TooMuchContention,
             SaleError::Redis(e) if crate::store::is_auth_error(e) => Outcome::RedisAuth,
+            SaleError::Redis(e) if crate::store::is_pool_exhausted(e) => Outcome::PoolExhausted,
             SaleError::Redis(_) => Outcome::RedisUnavailable,
             SaleError::OutcomeUnknown(_) => Outcome::OutcomeUnknown,
         }
@@ -191,6 +198,7 @@ impl Seller {
         };
         let outcome = match request.strategy {
             Strategy::Atomic => self.sell_atomic(&attempt).await,
+            Strategy::Optimistic => self.sell_optimistic(&attempt).await,
             _ => self.sell_locked(&attempt).await,
         };
         if let (Some(claim), Err(e)) = (&attempt.claim, &outcome) {
@@ -257,6 +265,7 @@ impl Seller {
             | SaleError::LockLost
             | SaleError::StaleFence { .. }
             | SaleError::StockChanged
+            | SaleError::TooMuchContention { .. }
             | SaleError::UnknownItem
             | SaleError::Redis(_) => None,
             SaleError::InProgress => return,
@@ -291,6 +300,19 @@ impl Seller {
             .await
             .map_err(after_write)?;
         self.recorded(attempt, recorded, None, Duration::ZERO)
+    }
+
+    async fn sell_optimistic(&self, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
+        let deadline = Instant::now() + self.wait_budget;
+        let entry = attempt.entry(&self.instance);
+        match optimistic::sell(&self.store, &entry, attempt.request.work, deadline).await {
+            Ok((recorded, _attempts)) => self.recorded(attempt, recorded, None, Duration::ZERO),
+            Err(optimistic::Failure::Contention { attempts, waited }) => {
+                Err(SaleError::TooMuchContention { attempts, waited })
+            }
+            Err(optimistic::Failure::Redis(e)) => Err(SaleError::Redis(e)),
+            Err(optimistic::Failure::Unknown(e)) => Err(SaleError::OutcomeUnknown(e)),
+        }
     }
 
     async fn sell_locked(&self, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
@@ -414,7 +436,8 @@ fn after_write(e: RedisError) -> SaleError {
         e.kind(),
         redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
     );
-    if answered || e.is_connection_refusal() {
+    // A call that never got a pooled connection sent nothing.
+    if answered || e.is_connection_refusal() || crate::store::is_pool_exhausted(&e) {
         SaleError::Redis(e)
     } else {
         SaleError::OutcomeUnknown(e)

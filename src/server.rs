@@ -32,7 +32,9 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
         Arc::new(Metrics::default()),
     )
     .map_err(|e| anyhow::anyhow!("REDIS_URL is not a valid Redis URL ({:?})", e.kind()))?
-    .with_ledger_cap(config.ledger_max);
+    .with_ledger_cap(config.ledger_max)
+    .with_pool(config.pool())
+    .map_err(|e| anyhow::anyhow!("cannot build the Redis pool ({:?})", e.kind()))?;
     tokio::spawn(report_redis_at_start(store.clone()));
     let locks = Locks::new(
         store.clone(),

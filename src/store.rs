@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{AsyncCommands, Client, RedisError, RedisResult, Script, ScriptInvocation};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -155,6 +155,11 @@ pub mod scripts {
     #[derive(Debug, Clone, Copy)]
     pub enum SellMode {
         Atomic,
+        /// Only inside a `MULTI` whose `WATCH` covers the stock and the write counters: the
+        /// script writes the value the caller computed and checks nothing, the `WATCH` did.
+        Optimistic {
+            new_stock: i64,
+        },
         Locked {
             new_stock: i64,
             fence: Option<u64>,
@@ -181,12 +186,13 @@ pub mod scripts {
         // Without a lock the two counters are neither checked nor touched.
         let kind = match mode {
             SellMode::Locked { seen, .. } => seen.kind,
-            SellMode::Atomic => LockKind::SingleNode,
+            SellMode::Atomic | SellMode::Optimistic { .. } => LockKind::SingleNode,
         };
         i.key(keys.locked_writes(kind.other()))
             .key(keys.locked_writes(kind))
             .arg(match mode {
                 SellMode::Atomic => "atomic",
+                SellMode::Optimistic { .. } => "optimistic",
                 SellMode::Locked { .. } => "locked",
             })
             .arg(entry.order_id)
@@ -195,6 +201,9 @@ pub mod scripts {
             .arg(entry.claim_marker())
             .arg(entry.claim_keep_ms())
             .arg(ledger_cap);
+        if let SellMode::Optimistic { new_stock } = mode {
+            i.arg(new_stock);
+        }
         if let SellMode::Locked {
             new_stock,
             fence,
@@ -244,6 +253,71 @@ pub mod scripts {
 pub fn is_auth_error(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+}
+
+const POOL_EXHAUSTED: &str = "every pooled Redis connection stayed in use for REDIS_POOL_WAIT_MS";
+
+/// Whether a call gave up waiting for a free pooled connection: nothing was sent.
+pub fn is_pool_exhausted(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Client && e.to_string().contains(POOL_EXHAUSTED)
+}
+
+/// How the pool is sized and used (`REDIS_POOL_SIZE`, `REDIS_POOL_WAIT_MS`,
+/// `REDIS_CONNECTION`).
+#[derive(Debug, Clone, Copy)]
+pub struct PoolSettings {
+    pub size: usize,
+    /// The longest wait for a free connection before `pool_exhausted`.
+    pub wait: Duration,
+    pub mode: crate::config::ConnectionMode,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            size: 64,
+            wait: Duration::from_millis(200),
+            mode: crate::config::ConnectionMode::Multiplexed,
+        }
+    }
+}
+
+/// The connection one call runs on: the shared multiplexed one, or a pooled one of its own
+/// (back to the pool when dropped).
+pub enum Conn {
+    Shared(ConnectionManager),
+    Pooled(deadpool_redis::Connection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Shared(c) => c.req_packed_command(cmd),
+            Conn::Pooled(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Shared(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Pooled(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Shared(c) => c.get_db(),
+            Conn::Pooled(c) => c.get_db(),
+        }
+    }
 }
 
 /// The keys of one item. They share the hash tag `{item}`, so every script touches a single
@@ -348,10 +422,15 @@ pub struct WritesSeen {
 }
 
 /// A handle to Redis for one item: one multiplexed connection shared by every request (no
-/// pool checkout, no health-check PING on the hot path), every call bounded in time.
+/// pool checkout, no health-check PING on the hot path), every call bounded in time; and a
+/// pool of connections of their own, for `WATCH` (which belongs to a connection) and for
+/// every call under `REDIS_CONNECTION=pool`.
 #[derive(Clone)]
 pub struct Store {
     conn: ConnectionManager,
+    pool: deadpool_redis::Pool,
+    pool_settings: PoolSettings,
+    redis_url: Arc<str>,
     client: Client,
     item: String,
     pub keys: Keys,
@@ -445,6 +524,22 @@ pub enum Recorded {
     Unstocked,
 }
 
+impl Recorded {
+    /// Reads the `{code, value}` reply of `sell.lua`.
+    pub fn from_reply(code: i64, value: i64) -> Self {
+        match code {
+            1 => Recorded::Written(value),
+            0 => Recorded::StaleFence {
+                newest: value.max(0) as u64,
+            },
+            2 => Recorded::ClaimLost,
+            3 => Recorded::StockChanged,
+            4 => Recorded::Unstocked,
+            _ => Recorded::SoldOut,
+        }
+    }
+}
+
 /// What a locked sale read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StockRead {
@@ -474,8 +569,13 @@ impl Store {
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        let pool_settings = PoolSettings::default();
+        let pool = build_pool(redis_url, timeout, pool_settings)?;
         Ok(Self {
             conn,
+            pool,
+            pool_settings,
+            redis_url: redis_url.into(),
             client,
             item: item.to_owned(),
             keys: Keys::new(item),
@@ -483,6 +583,61 @@ impl Store {
             metrics,
             ledger_cap: DEFAULT_LEDGER_CAP,
         })
+    }
+
+    /// Sizes the pool, and chooses which connection every other call takes.
+    pub fn with_pool(mut self, settings: PoolSettings) -> RedisResult<Self> {
+        self.pool = build_pool(&self.redis_url, self.timeout, settings)?;
+        self.pool_settings = settings;
+        // Only the pool sized by the configuration is reported (lock nodes keep theirs idle).
+        let watched = self.pool.clone();
+        self.metrics.register_pool(Box::new(move || {
+            let status = watched.status();
+            crate::metrics::PoolGauges {
+                max_size: status.max_size as u64,
+                open: status.size as u64,
+                in_use: (status.size - status.available.min(status.size)) as u64,
+                waiting: status.waiting as u64,
+            }
+        }));
+        Ok(self)
+    }
+
+    /// A connection of its own, waiting at most `REDIS_POOL_WAIT_MS` for a free one.
+    /// Connecting, and the checkout's `UNWATCH` + `PING`, are bounded by `REDIS_TIMEOUT_MS`.
+    pub async fn pooled(&self) -> RedisResult<deadpool_redis::Connection> {
+        use deadpool_redis::{PoolError, TimeoutType};
+        let status = self.pool.status();
+        if status.available == 0 && status.size >= status.max_size {
+            self.metrics.pool_wait();
+        }
+        match self.pool.get().await {
+            Ok(conn) => Ok(conn),
+            Err(PoolError::Timeout(TimeoutType::Wait)) => {
+                self.metrics.pool_exhausted();
+                Err(RedisError::from((
+                    redis::ErrorKind::Client,
+                    "pool exhausted",
+                    POOL_EXHAUSTED.to_owned(),
+                )))
+            }
+            Err(PoolError::Backend(e)) => {
+                self.metrics.redis_error();
+                Err(e)
+            }
+            Err(e) => {
+                self.metrics.redis_error();
+                Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no pooled Redis connection: {e}"),
+                )))
+            }
+        }
+    }
+
+    /// The bound on one Redis exchange (`REDIS_TIMEOUT_MS`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Keeps about `cap` ledger entries (the stream is trimmed as it grows).
@@ -517,10 +672,17 @@ impl Store {
     /// costs a request at most `timeout`, never a hang.
     pub async fn call<T, F, Fut>(&self, f: F) -> RedisResult<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let result = match tokio::time::timeout(self.timeout, f(self.conn.clone())).await {
+        let conn = match self.pool_settings.mode {
+            crate::config::ConnectionMode::Multiplexed => Conn::Shared(self.conn.clone()),
+            // A pooled call that times out drops its connection back into the pool with
+            // its reply outstanding; the checkout's PING (itself bounded) weeds out one
+            // that is still stuck. Calls never leave a WATCH or a MULTI open.
+            crate::config::ConnectionMode::Pool => Conn::Pooled(self.pooled().await?),
+        };
+        let result = match tokio::time::timeout(self.timeout, f(conn)).await {
             Ok(result) => result,
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -583,6 +745,16 @@ impl Store {
         self.sell(entry, mode).await
     }
 
+    /// The sale script in its `optimistic` mode, for the `EXEC` of a watched transaction.
+    pub fn optimistic_sell(&self, entry: &Entry<'_>, new_stock: i64) -> ScriptInvocation<'static> {
+        scripts::sell(
+            &self.keys,
+            entry,
+            self.ledger_cap,
+            scripts::SellMode::Optimistic { new_stock },
+        )
+    }
+
     /// The lock-free sale: one script, one round trip.
     pub async fn atomic_sale(&self, entry: &Entry<'_>) -> RedisResult<Recorded> {
         self.sell(entry, scripts::SellMode::Atomic).await
@@ -593,16 +765,7 @@ impl Store {
         let (code, value): (i64, i64) = self
             .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;
-        Ok(match code {
-            1 => Recorded::Written(value),
-            0 => Recorded::StaleFence {
-                newest: value.max(0) as u64,
-            },
-            2 => Recorded::ClaimLost,
-            3 => Recorded::StockChanged,
-            4 => Recorded::Unstocked,
-            _ => Recorded::SoldOut,
-        })
+        Ok(Recorded::from_reply(code, value))
     }
 
     /// Claims an idempotency key for a sale with one `SET NX GET`: the claim when it is
@@ -719,6 +882,30 @@ impl Store {
             .flat_map(|(_, fields)| fields.into_iter().map(|(_, entry)| entry))
             .collect())
     }
+}
+
+/// The pool, connecting lazily; its size and usage are reported by `/metrics`.
+fn build_pool(
+    redis_url: &str,
+    timeout: Duration,
+    settings: PoolSettings,
+) -> RedisResult<deadpool_redis::Pool> {
+    use deadpool_redis::{Manager, Pool, Runtime};
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let manager = Manager::new_with_config(redis_url, config)?;
+    let pool = Pool::builder(manager)
+        .max_size(settings.size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(settings.wait))
+        .create_timeout(Some(timeout))
+        .recycle_timeout(Some(timeout))
+        .build()
+        .map_err(|e| {
+            RedisError::from((redis::ErrorKind::InvalidClientConfig, "pool", e.to_string()))
+        })?;
+    Ok(pool)
 }
 
 impl Audit {

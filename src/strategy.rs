@@ -19,6 +19,7 @@ pub enum Strategy {
     None,
     Local,
     Redis(RedisLock),
+    Optimistic,
     Atomic,
 }
 
@@ -70,7 +71,7 @@ pub struct StrategyInfo {
 
 impl Strategy {
     /// Every strategy, in the order of the story.
-    pub const ALL: [Strategy; 12] = [
+    pub const ALL: [Strategy; 13] = [
         Strategy::None,
         Strategy::Local,
         Strategy::Redis(RedisLock::Setnx),
@@ -82,6 +83,7 @@ impl Strategy {
         Strategy::Redis(RedisLock::Fenced),
         Strategy::Redis(RedisLock::Redlock),
         Strategy::Redis(RedisLock::RedlockFenced),
+        Strategy::Optimistic,
         Strategy::Atomic,
     ];
 
@@ -90,6 +92,7 @@ impl Strategy {
             Strategy::None => &NONE,
             Strategy::Local => &LOCAL,
             Strategy::Redis(lock) => lock.info(),
+            Strategy::Optimistic => &OPTIMISTIC,
             Strategy::Atomic => &ATOMIC,
         }
     }
@@ -325,6 +328,21 @@ const REDLOCK_FENCED: StrategyInfo = StrategyInfo {
     fenced: true,
     release_checks_owner: true,
     quorum: true,
+    distributed: true,
+};
+
+const OPTIMISTIC: StrategyInfo = StrategyInfo {
+    name: "optimistic",
+    aliases: &[],
+    seed: "beyond",
+    protocol: "no lock: WATCH stock and write counters, GET, work, MULTI / sell script / EXEC on a pooled connection; a nil EXEC retries with jittered backoff",
+    fixes: "no lock to lose, expire or wait for: a write whose read went stale is refused by Redis (nil EXEC), and the retry reads again",
+    flaw: "cost, not safety: under contention most attempts are thrown away with their work, and a sale may give up (503 too_much_contention); one connection per sale in flight",
+    reentrant: true,
+    renews: false,
+    fenced: false,
+    release_checks_owner: false,
+    quorum: false,
     distributed: true,
 };
 

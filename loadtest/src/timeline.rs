@@ -207,6 +207,10 @@ fn describe(e: &Entry) -> String {
         Event::StockRead => format!("{tag}read stock {}{fence}", e.text("stock")),
         Event::SaleWritten => format!("{tag}wrote stock {}{fence}", e.text("remaining")),
         Event::SaleRefused => format!("{tag}sale refused: {}", e.text("reason")),
+        Event::TransactionConflict => format!(
+            "{tag}EXEC refused (attempt {}): its work is thrown away",
+            e.text("attempt")
+        ),
         Event::LockQuorum => format!(
             "{tag}quorum {}/{}: [{}] -> {}",
             e.text("granted"),

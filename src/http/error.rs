@@ -16,7 +16,8 @@ use crate::sale::SaleError;
 pub struct ErrorBody {
     /// One of: bad_request, payload_too_large, unauthorized, not_found, method_not_allowed,
     /// unknown_item, sold_out, lock_lost, stale_fence, stock_changed, in_progress,
-    /// lock_timeout, redis_unavailable, redis_auth_failed, outcome_unknown, internal.
+    /// lock_timeout, too_much_contention, pool_exhausted, redis_unavailable,
+    /// redis_auth_failed, outcome_unknown, internal.
     pub error: String,
     pub message: String,
 }
@@ -138,6 +139,14 @@ impl ApiError {
                             waited.as_millis()
                         ),
                     ),
+                    SaleError::TooMuchContention { attempts, waited } => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "{attempts} optimistic attempts in {} ms each found the stock \
+                             changed before their EXEC; nothing was sold",
+                            waited.as_millis()
+                        ),
+                    ),
                     SaleError::InProgress => (
                         StatusCode::CONFLICT,
                         "a sale with this Idempotency-Key is still in progress (or its outcome \
@@ -178,7 +187,15 @@ fn internal() -> (StatusCode, &'static str, String) {
 
 /// A Redis failure before anything was written.
 fn redis_parts(e: &RedisError) -> (StatusCode, &'static str, String) {
-    if crate::store::is_auth_error(e) {
+    if crate::store::is_pool_exhausted(e) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "pool_exhausted",
+            "every pooled Redis connection stayed in use for REDIS_POOL_WAIT_MS; nothing was \
+             sold; retry shortly"
+                .into(),
+        )
+    } else if crate::store::is_auth_error(e) {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "redis_auth_failed",

@@ -175,8 +175,11 @@ enum SaleResponses {
         "message": "fencing token 7 is older than 8, already seen by the store; nothing was sold"}))]
     Conflict(ErrorBody),
     /// Nothing sold, for certain: the lock stayed held for the whole wait budget
-    /// (`lock_timeout`), Redis did not answer before the write was sent
-    /// (`redis_unavailable`), or Redis refused the service's credentials (`redis_auth_failed`)
+    /// (`lock_timeout`), every `optimistic` attempt within that budget found the stock
+    /// changed before its `EXEC` (`too_much_contention`), every pooled Redis connection
+    /// stayed in use for `REDIS_POOL_WAIT_MS` (`pool_exhausted`), Redis did not answer before
+    /// the write was sent (`redis_unavailable`), or Redis refused the service's credentials
+    /// (`redis_auth_failed`)
     #[response(status = 503, example = json!({"error": "lock_timeout",
         "message": "the lock stayed held for 10000 ms, the whole wait budget"}))]
     Unavailable(ErrorBody),

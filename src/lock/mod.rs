@@ -15,6 +15,7 @@ mod handoff;
 mod local;
 mod lua_release;
 mod none;
+pub mod optimistic;
 mod owner_check;
 pub mod redlock;
 mod reentrant;
@@ -313,7 +314,7 @@ impl Locks {
     ) -> Result<Guard, LockError> {
         let started = Instant::now();
         let (fence, hold) = match strategy {
-            Strategy::None | Strategy::Atomic => (None, Hold::Nothing),
+            Strategy::None | Strategy::Atomic | Strategy::Optimistic => (None, Hold::Nothing),
             Strategy::Local => {
                 let guard =
                     local::acquire(&self.local, deadline)

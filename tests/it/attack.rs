@@ -601,7 +601,7 @@ async fn resets_in_a_loop_under_mixed_load(strategies: &[&str]) -> (Vec<Value>, 
                             409,
                             "sold_out" | "stock_changed" | "stale_fence" | "lock_lost"
                         )
-                        | (503, "lock_timeout")
+                        | (503, "lock_timeout" | "too_much_contention")
                 ) {
                     odd.push(format!("{strategy}: {} {}", reply.status, reply.body));
                 }

@@ -522,3 +522,58 @@ async fn settling_a_claim_needs_the_claim() {
     assert_eq!(kept, "sold_out");
     assert_eq!(settle("pending:o-1", "").await, 0, "settled once");
 }
+
+#[tokio::test]
+async fn the_optimistic_write_lands_only_in_an_exec_whose_watch_held_and_refuses_a_locked_write() {
+    let (redis, mut c, k) = setup().await;
+    let store = store(&redis);
+    store.reset(10).await.unwrap();
+    // A locked sale reads first: the optimistic write must refuse its later write.
+    let (_, locked_seen) = read(&store, None).await;
+    let sell = store.optimistic_sell(&entry(None), 9);
+    sell.load_async(&mut c).await.unwrap();
+
+    // Its own connection: WATCH, a write by someone else, then the transaction.
+    let mut own = redis.conn().await;
+    let exec = |own: &mut MultiplexedConnection| {
+        let mut pipe = redis::pipe();
+        pipe.atomic().invoke_script(&sell);
+        let own = own.clone();
+        async move {
+            let mut own = own;
+            pipe.query_async::<Option<((i64, i64),)>>(&mut own)
+                .await
+                .unwrap()
+        }
+    };
+    let () = redis::cmd("WATCH")
+        .arg(&k.stock)
+        .query_async(&mut own)
+        .await
+        .unwrap();
+    let () = c.set(&k.stock, 10).await.unwrap();
+    assert_eq!(exec(&mut own).await, None, "the watched stock was written");
+    let ledger = store.ledger().await.unwrap();
+    assert!(
+        ledger.is_empty(),
+        "the refused transaction recorded nothing"
+    );
+
+    let () = redis::cmd("WATCH")
+        .arg(&k.stock)
+        .query_async(&mut own)
+        .await
+        .unwrap();
+    assert_eq!(exec(&mut own).await, Some(((1, 9),)));
+    let stock: i64 = c.get(&k.stock).await.unwrap();
+    assert_eq!(stock, 9);
+    assert_eq!(store.audit().await.unwrap().unwrap().sales, 1);
+    assert_eq!(
+        store
+            .record_sale(8, &entry(None), None, locked_seen)
+            .await
+            .unwrap(),
+        Recorded::StockChanged,
+        "a locked sale that read before the optimistic write must not overwrite it"
+    );
+}

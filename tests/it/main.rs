@@ -11,6 +11,7 @@ mod handoff;
 mod harness;
 mod leaks;
 mod lua;
+mod optimistic;
 mod pictures;
 mod quorum;
 mod resilience;

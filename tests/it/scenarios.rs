@@ -55,6 +55,8 @@ rows! {
     redlock_fenced_refuses_the_paused_holders_stale_write => ("redlock-pause", "redlock-fenced", Safe),
     redlock_grants_the_lock_twice_when_a_node_restarts_empty => ("node-restart", "redlock", Flaw),
     redlock_fenced_keeps_the_stock_right_when_a_node_restarts_empty => ("node-restart", "redlock-fenced", Safe),
+    optimistic_sells_right_under_contention_but_throws_work_away => ("contention", "optimistic", Flaw),
+    fenced_waits_under_contention_and_never_retries => ("contention", "fenced", Safe),
 }
 
 #[test]

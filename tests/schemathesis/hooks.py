@@ -18,9 +18,15 @@ def map_query(ctx, query):
     return query
 
 
-# A 5xx is a failure unless it is one of the two the API documents: the lock stayed held
-# for the whole wait budget, or Redis did not answer.
-DOCUMENTED_5XX = {(503, "lock_timeout"), (503, "redis_unavailable")}
+# A 5xx is a failure unless it is one the API documents: the lock stayed held for the whole
+# wait budget, every optimistic attempt was refused, no pooled connection was free, or Redis
+# did not answer.
+DOCUMENTED_5XX = {
+    (503, "lock_timeout"),
+    (503, "too_much_contention"),
+    (503, "pool_exhausted"),
+    (503, "redis_unavailable"),
+}
 
 
 @schemathesis.check

@@ -602,7 +602,7 @@ impl Model {
             }
             // The votes are in the text timeline under the picture; the holds they grant
             // are drawn from the acquire that follows.
-            Event::LockQuorum => {}
+            Event::LockQuorum | Event::TransactionConflict => {}
             Event::SaleRefused => {
                 sale.refused = Some((at, text(e, "reason").unwrap_or_default()));
             }

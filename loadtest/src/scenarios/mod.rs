@@ -26,6 +26,7 @@ use tokio::time::Instant;
 
 use env::{Env, Nodes};
 
+mod contention;
 mod crash_holder;
 mod env;
 mod handover;
@@ -56,12 +57,13 @@ pub enum Fault {
     Partition,
     RedlockPause,
     NodeRestart,
+    Contention,
 }
 
 impl Fault {
     /// Every fault, in the order of the story (each row's flawed strategy is the survivor
     /// of the row before, until `mixed-writers`).
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 13] = [
         Fault::TwoInstances,
         Fault::CrashHolder,
         Fault::SlowHolder,
@@ -74,6 +76,7 @@ impl Fault {
         Fault::Partition,
         Fault::RedlockPause,
         Fault::NodeRestart,
+        Fault::Contention,
     ];
 
     /// Its name on the command line, in `--json` and in the test names.
@@ -91,6 +94,7 @@ impl Fault {
             Fault::Partition => "partition",
             Fault::RedlockPause => "redlock-pause",
             Fault::NodeRestart => "node-restart",
+            Fault::Contention => "contention",
         }
     }
 
@@ -105,6 +109,7 @@ impl Fault {
             Fault::LongWork => long_work::SCENARIO,
             Fault::ProcessPause => process_pause::SCENARIO,
             Fault::MixedWriters => mixed_writers::SCENARIO,
+            Fault::Contention => contention::SCENARIO,
             Fault::NodeLoss => node_loss::SCENARIO,
             Fault::Partition => partition::SCENARIO,
             Fault::RedlockPause => redlock_pause::SCENARIO,
@@ -145,7 +150,8 @@ impl Fault {
             | Fault::MixedWriters
             | Fault::Partition
             | Fault::RedlockPause
-            | Fault::NodeRestart => {}
+            | Fault::NodeRestart
+            | Fault::Contention => {}
         }
     }
 
@@ -164,6 +170,7 @@ impl Fault {
             Fault::Partition => partition::run(env, strategy).await,
             Fault::RedlockPause => redlock_pause::run(env, strategy).await,
             Fault::NodeRestart => node_restart::run(env, strategy).await,
+            Fault::Contention => contention::run(env, strategy).await,
         }
     }
 }

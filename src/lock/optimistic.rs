@@ -1,0 +1,215 @@
+//! `optimistic`: no lock. On a connection of its own (from the pool: `WATCH` belongs to a
+//! connection, so it cannot run on the shared multiplexed one), `WATCH` the stock and the
+//! counters every other writer bumps, `GET` the stock, do the work, then `MULTI` / the sale
+//! script / `EXEC`. If anything watched changed since the `WATCH`, Redis refuses the whole
+//! transaction (`EXEC` answers nil) and the sale reads and works again, after a jittered
+//! backoff, within `LOCK_WAIT_MS`; past it, 503 `too_much_contention`.
+//!
+//! Watched: the stock (every sale and reset writes it), the lock-free write count (atomic
+//! sales, resets, other optimistic sales), both lock kinds' write counts (locked sales) and
+//! the sale's idempotency claim. The `EXEC` body is `sell.lua` in its `optimistic` mode, so
+//! the books are kept in one place; it bumps the lock-free count, so a locked sale that read
+//! before it is refused (`stock_changed`) instead of overwriting it.
+//!
+//! Fixes: there is no lock to lose, expire, or wait for, and no stale write can land: Redis
+//! itself refuses an `EXEC` whose read went stale.
+//! Still wrong: cost, not safety. Under contention most attempts are thrown away, with the
+//! work they did, and a sale may give up; each sale in flight holds a pooled connection.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redis::{RedisError, RedisResult};
+use tokio::time::Instant;
+
+use crate::events::Event;
+use crate::store::{Entry, Recorded, Store};
+use crate::strategy::Strategy;
+
+/// Why an optimistic sale made no sale.
+#[derive(Debug)]
+pub enum Failure {
+    /// Every attempt within the budget found something watched changed under it.
+    Contention { attempts: u32, waited: Duration },
+    /// Failed before any `EXEC` was sent: nothing sold, for certain.
+    Redis(RedisError),
+    /// An `EXEC` was sent and its answer never came: it may have sold.
+    Unknown(RedisError),
+}
+
+/// What one attempt came to.
+enum Attempt {
+    Done(Recorded),
+    /// `EXEC` answered nil: a watched key changed after the `WATCH`.
+    Conflict,
+    /// Redis had lost the sale script (a restart): loaded again, try again at once.
+    ScriptLoaded,
+}
+
+/// Sells with `WATCH` / `MULTI` / `EXEC`, retrying refused transactions until `deadline`.
+/// Returns what the write did and how many attempts it took.
+pub async fn sell(
+    store: &Store,
+    entry: &Entry<'_>,
+    work: Duration,
+    deadline: Instant,
+) -> Result<(Recorded, u32), Failure> {
+    let strategy = Strategy::Optimistic;
+    let started = Instant::now();
+    let mut attempts = 0u32;
+    let mut conflicts = 0u32;
+    loop {
+        attempts += 1;
+        if attempts > 1 {
+            store.metrics().retry(strategy);
+        }
+        match attempt(store, entry, work).await? {
+            Attempt::Done(recorded) => return Ok((recorded, attempts)),
+            Attempt::ScriptLoaded if Instant::now() < deadline => {}
+            Attempt::ScriptLoaded => {
+                return Err(Failure::Contention {
+                    attempts,
+                    waited: started.elapsed(),
+                });
+            }
+            Attempt::Conflict => {
+                conflicts += 1;
+                store.metrics().conflict(strategy, work);
+                tracing::info!(event = Event::TransactionConflict.name(), order_id = %entry.order_id, attempt = attempts, "EXEC refused: a watched key changed; the work is thrown away");
+                let pause = backoff(conflicts);
+                if Instant::now() + pause >= deadline {
+                    return Err(Failure::Contention {
+                        attempts,
+                        waited: started.elapsed(),
+                    });
+                }
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// Full jitter over an exponential window (1 ms, 2 ms, ... up to 64 ms): contenders that
+/// collided spread out instead of colliding again in step.
+fn backoff(conflicts: u32) -> Duration {
+    let window_us = 1_000u64 << conflicts.min(6);
+    let random = uuid::Uuid::new_v4().as_u128() as u64;
+    Duration::from_micros(random % window_us + 1)
+}
+
+/// Whether Redis is known to hold the sale script. Inside `MULTI`, `EVALSHA` cannot load it
+/// on `NOSCRIPT` as a plain call does, and a `NOSCRIPT` at `EXEC` would waste the attempt's
+/// work: the script is loaded before the first `WATCH`, and again after Redis lost it.
+static SCRIPT_LOADED: AtomicBool = AtomicBool::new(false);
+
+async fn attempt(store: &Store, entry: &Entry<'_>, work: Duration) -> Result<Attempt, Failure> {
+    let mut conn = store.pooled().await.map_err(Failure::Redis)?;
+    let sell_probe = store.optimistic_sell(entry, 0);
+    if !SCRIPT_LOADED.load(Ordering::Relaxed) {
+        match bounded(store, sell_probe.load_async(&mut *conn)).await {
+            Ok(_) => SCRIPT_LOADED.store(true, Ordering::Relaxed),
+            Err(e) => {
+                discard(conn);
+                return Err(Failure::Redis(e));
+            }
+        }
+    }
+    let keys = &store.keys;
+    let mut watched: Vec<&str> = vec![
+        &keys.stock,
+        &keys.lockfree_writes,
+        &keys.single_node_writes,
+        &keys.quorum_writes,
+    ];
+    if let Some(claim) = entry.claim {
+        watched.push(&claim.key);
+    }
+    // One round trip: WATCH, then the read it guards.
+    let mut read = redis::pipe();
+    read.cmd("WATCH").arg(&watched).ignore().get(&keys.stock);
+    let stock = match bounded(store, read.query_async::<(Option<i64>,)>(&mut *conn)).await {
+        Ok((stock,)) => stock,
+        Err(e) => {
+            // Its WATCH may be active, or its reply still on the way: never pooled again.
+            discard(conn);
+            return Err(Failure::Redis(e));
+        }
+    };
+    tracing::debug!(event = Event::StockRead.name(), order_id = %entry.order_id, stock, "stock read");
+    let new_stock = match stock {
+        None => {
+            return Ok(Attempt::Done(
+                unwatch(store, conn, Recorded::Unstocked).await,
+            ));
+        }
+        Some(stock) if stock <= 0 => {
+            return Ok(Attempt::Done(unwatch(store, conn, Recorded::SoldOut).await));
+        }
+        Some(stock) => stock - 1,
+    };
+    if !work.is_zero() {
+        tokio::time::sleep(work).await;
+    }
+    let sell = store.optimistic_sell(entry, new_stock);
+    let mut exec = redis::pipe();
+    exec.atomic().invoke_script(&sell);
+    // EXEC ends the WATCH whatever it answers.
+    match bounded(store, exec.query_async::<Option<((i64, i64),)>>(&mut *conn)).await {
+        Ok(None) => Ok(Attempt::Conflict),
+        Ok(Some(((code, value),))) => Ok(Attempt::Done(Recorded::from_reply(code, value))),
+        Err(e) if is_noscript(&e) => {
+            SCRIPT_LOADED.store(false, Ordering::Relaxed);
+            Ok(Attempt::ScriptLoaded)
+        }
+        Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => Err(Failure::Redis(e)),
+        Err(e) => {
+            discard(conn);
+            Err(Failure::Unknown(e))
+        }
+    }
+}
+
+/// Ends the WATCH of an attempt that will not write; a connection that cannot say so is
+/// closed rather than pooled with its WATCH.
+async fn unwatch(
+    store: &Store,
+    mut conn: deadpool_redis::Connection,
+    outcome: Recorded,
+) -> Recorded {
+    let unwatch = redis::cmd("UNWATCH");
+    if bounded(store, unwatch.query_async::<()>(&mut *conn))
+        .await
+        .is_err()
+    {
+        discard(conn);
+    }
+    outcome
+}
+
+/// Takes the connection out of the pool for good and closes it: Redis forgets its WATCH
+/// and any MULTI with it.
+fn discard(conn: deadpool_redis::Connection) {
+    drop(deadpool_redis::Connection::take(conn));
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.code() == Some("NOSCRIPT") || e.to_string().contains("NOSCRIPT")
+}
+
+/// One exchange on the pooled connection, under `REDIS_TIMEOUT_MS`.
+async fn bounded<T>(
+    store: &Store,
+    exchange: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    let result = match tokio::time::timeout(store.timeout(), exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "redis did not answer in time",
+        ))),
+    };
+    if result.is_err() {
+        store.metrics().redis_error();
+    }
+    result
+}
