@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 pub use crate::lock::wait::WaitMode;
+pub use crate::store::ConnectionMode;
 
 use crate::strategy::Strategy;
 
@@ -145,13 +146,6 @@ pub struct Config {
     /// Print the OpenAPI document as JSON and exit.
     #[arg(long)]
     pub openapi: bool,
-}
-
-/// How the strategies that need no connection of their own reach Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ConnectionMode {
-    Multiplexed,
-    Pool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

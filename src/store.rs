@@ -269,7 +269,7 @@ pub struct PoolSettings {
     pub size: usize,
     /// The longest wait for a free connection before `pool_exhausted`.
     pub wait: Duration,
-    pub mode: crate::config::ConnectionMode,
+    pub mode: ConnectionMode,
 }
 
 impl Default for PoolSettings {
@@ -277,7 +277,7 @@ impl Default for PoolSettings {
         Self {
             size: 64,
             wait: Duration::from_millis(200),
-            mode: crate::config::ConnectionMode::Multiplexed,
+            mode: ConnectionMode::Multiplexed,
         }
     }
 }
@@ -392,6 +392,13 @@ impl Keys {
     pub fn idempotency(&self, key: &str) -> String {
         format!("{}{key}", self.idempotency_prefix)
     }
+}
+
+/// How the strategies that need no connection of their own reach Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConnectionMode {
+    Multiplexed,
+    Pool,
 }
 
 /// Where a locked sale's lock lives: next to the stock, or on a majority of `LOCK_NODES`.
@@ -676,11 +683,11 @@ impl Store {
         Fut: Future<Output = RedisResult<T>>,
     {
         let conn = match self.pool_settings.mode {
-            crate::config::ConnectionMode::Multiplexed => Conn::Shared(self.conn.clone()),
+            ConnectionMode::Multiplexed => Conn::Shared(self.conn.clone()),
             // A pooled call that times out drops its connection back into the pool with
             // its reply outstanding; the checkout's PING (itself bounded) weeds out one
             // that is still stuck. Calls never leave a WATCH or a MULTI open.
-            crate::config::ConnectionMode::Pool => Conn::Pooled(self.pooled().await?),
+            ConnectionMode::Pool => Conn::Pooled(self.pooled().await?),
         };
         let result = match tokio::time::timeout(self.timeout, f(conn)).await {
             Ok(result) => result,
