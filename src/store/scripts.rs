@@ -1,0 +1,233 @@
+//! One `Script` per file in `lua/`: hashed once, then run by `EVALSHA` (loaded on first
+//! `NOSCRIPT`, so a restarted Redis heals itself).
+
+use super::*;
+
+macro_rules! script {
+    ($name:ident, $file:literal) => {
+        static $name: LazyLock<Script> =
+            LazyLock::new(|| Script::new(include_str!(concat!("../../lua/", $file))));
+    };
+}
+
+script!(LOCK_REENTRANT, "lock_reentrant.lua");
+script!(LOCK_FENCED, "lock_fenced.lua");
+script!(UNLOCK_REENTRANT, "unlock_reentrant.lua");
+script!(UNLOCK_OWNED, "unlock_owned.lua");
+script!(RENEW, "renew.lua");
+script!(READ_STOCK, "read_stock.lua");
+script!(SELL, "sell.lua");
+script!(RESET, "reset.lua");
+script!(IDEMPOTENCY_SETTLE, "idempotency_settle.lua");
+script!(EXTEND_OWNED, "extend_owned.lua");
+script!(LOCK_QUEUED, "lock_queued.lua");
+script!(NEXT_FENCE, "next_fence.lua");
+
+// One builder per script: the only place that knows its KEYS and ARGV layout, used by
+// the store, the locks and the Lua tests alike.
+
+/// `{1, 0}` when taken or re-entered, `{0, pttl}` when another owner holds it.
+pub fn lock_reentrant(lock: &str, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
+    let mut i = LOCK_REENTRANT.key(lock);
+    i.arg(owner).arg(ttl_ms);
+    i
+}
+
+/// `{1, token}` when taken or re-entered (a fresh token, above `newest` if the counter
+/// was lost), `{0, pttl}` when another owner holds it.
+pub fn lock_fenced(
+    keys: &Keys,
+    owner: &str,
+    ttl_ms: u64,
+    newest: u64,
+) -> ScriptInvocation<'static> {
+    let mut i = LOCK_FENCED.key(&keys.lock);
+    i.key(&keys.fence).arg(owner).arg(ttl_ms).arg(newest);
+    i
+}
+
+/// 1 when the last hold was left (the lock is gone, or handed to the next queued
+/// waiter), 0 when an outer hold remains, -1 when `owner` did not hold it.
+pub fn unlock_reentrant(keys: &Keys, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
+    let mut i = UNLOCK_REENTRANT.key(&keys.lock);
+    i.key(&keys.signal)
+        .key(&keys.queue)
+        .key(&keys.queue_entries)
+        .key(&keys.fence)
+        .arg(owner)
+        .arg(ttl_ms)
+        .arg(&keys.released);
+    i
+}
+
+/// Compare-and-delete of a string lock at `lock` (normally `keys.lock`), handing it to
+/// the next queued waiter if there is one: 1 when released.
+pub fn unlock_owned(lock: &str, keys: &Keys, owner: &str) -> ScriptInvocation<'static> {
+    let mut i = UNLOCK_OWNED.key(lock);
+    i.key(&keys.signal)
+        .key(&keys.queue)
+        .key(&keys.queue_entries)
+        .key(&keys.fence)
+        .arg(owner)
+        .arg(&keys.released);
+    i
+}
+
+/// Takes the lock, or joins (stays in, leaves) its queue of waiters: `{1, token}` when
+/// held, `{0, pttl}` when another owner holds it. See `lua/lock_queued.lua`.
+#[allow(clippy::too_many_arguments)]
+pub fn lock_queued(
+    keys: &Keys,
+    inbox: &str,
+    owner: &str,
+    shape: &str,
+    ttl_ms: u64,
+    newest: u64,
+    phase: &str,
+    entry_ms: u64,
+) -> ScriptInvocation<'static> {
+    let mut i = LOCK_QUEUED.key(&keys.lock);
+    i.key(&keys.fence)
+        .key(&keys.queue)
+        .key(&keys.queue_entries)
+        .key(inbox)
+        .arg(owner)
+        .arg(shape)
+        .arg(ttl_ms)
+        .arg(newest)
+        .arg(phase)
+        .arg(entry_ms);
+    i
+}
+
+/// 1 when `owner` still held the hash lock and its lease was extended.
+pub fn renew(lock: &str, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
+    let mut i = RENEW.key(lock);
+    i.arg(owner).arg(ttl_ms);
+    i
+}
+
+/// 1 when `owner` still held the string lock at `lock` and its lease was extended.
+pub fn extend_owned(lock: &str, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
+    let mut i = EXTEND_OWNED.key(lock);
+    i.arg(owner).arg(ttl_ms);
+    i
+}
+
+/// The next fencing token, above `newest` even if the counter was lost.
+pub fn next_fence(keys: &Keys, newest: u64) -> ScriptInvocation<'static> {
+    let mut i = NEXT_FENCE.key(&keys.fence);
+    i.arg(newest);
+    i
+}
+
+/// `{1, stock or -1, lock-free writes, other-lock writes}`, or `{0, newest token, 0,
+/// 0}` for a stale `fence`.
+pub fn read_stock(
+    keys: &Keys,
+    kind: LockKind,
+    fence: Option<u64>,
+) -> ScriptInvocation<'static> {
+    let mut i = READ_STOCK.key(&keys.stock);
+    i.key(&keys.fence_seen)
+        .key(&keys.lockfree_writes)
+        .key(keys.locked_writes(kind.other()))
+        .arg(fence.map(|f| f.to_string()).unwrap_or_default());
+    i
+}
+
+/// How a sale's write is checked: `Locked` carries what its read saw.
+#[derive(Debug, Clone, Copy)]
+pub enum SellMode {
+    Atomic,
+    /// Only inside a `MULTI` whose `WATCH` covers the stock and the write counters: the
+    /// script writes the value the caller computed and checks nothing, the `WATCH` did.
+    Optimistic {
+        new_stock: i64,
+    },
+    Locked {
+        new_stock: i64,
+        fence: Option<u64>,
+        seen: WritesSeen,
+    },
+}
+
+/// `{code, value}`; see [`super::Recorded`] for the codes.
+pub fn sell(
+    keys: &Keys,
+    entry: &Entry<'_>,
+    ledger_cap: u64,
+    mode: SellMode,
+) -> ScriptInvocation<'static> {
+    let mut i = SELL.key(&keys.stock);
+    i.key(&keys.ledger)
+        .key(&keys.sales)
+        .key(&keys.sold)
+        .key(&keys.duplicates)
+        .key(&keys.fence_seen)
+        .key(&keys.lockfree_writes)
+        .key(entry.claim_key(keys))
+        .key(&keys.initial);
+    // Without a lock the two counters are neither checked nor touched.
+    let kind = match mode {
+        SellMode::Locked { seen, .. } => seen.kind,
+        SellMode::Atomic | SellMode::Optimistic { .. } => LockKind::SingleNode,
+    };
+    i.key(keys.locked_writes(kind.other()))
+        .key(keys.locked_writes(kind))
+        .arg(match mode {
+            SellMode::Atomic => "atomic",
+            SellMode::Optimistic { .. } => "optimistic",
+            SellMode::Locked { .. } => "locked",
+        })
+        .arg(entry.order_id)
+        .arg(entry.instance)
+        .arg(entry.strategy)
+        .arg(entry.claim_marker())
+        .arg(entry.claim_keep_ms())
+        .arg(ledger_cap);
+    if let SellMode::Optimistic { new_stock } = mode {
+        i.arg(new_stock);
+    }
+    if let SellMode::Locked {
+        new_stock,
+        fence,
+        seen,
+    } = mode
+    {
+        i.arg(new_stock)
+            .arg(fence.map(|f| f.to_string()).unwrap_or_default())
+            .arg(seen.lockfree)
+            .arg(seen.other_locks);
+    }
+    i
+}
+
+/// 1 when the claim was still `marker`'s and was settled (kept with `outcome`, or freed
+/// when `outcome` is empty).
+pub fn idempotency_settle(
+    key: &str,
+    marker: &str,
+    outcome: &str,
+    keep_ms: u64,
+) -> ScriptInvocation<'static> {
+    let mut i = IDEMPOTENCY_SETTLE.key(key);
+    i.arg(marker).arg(outcome).arg(keep_ms);
+    i
+}
+
+/// Restocks: 1 when it also freed a lock that had no lease.
+pub fn reset(keys: &Keys, stock: i64) -> ScriptInvocation<'static> {
+    let mut i = RESET.key(&keys.stock);
+    i.key(&keys.initial)
+        .key(&keys.ledger)
+        .key(&keys.sales)
+        .key(&keys.sold)
+        .key(&keys.duplicates)
+        .key(&keys.lock)
+        .key(&keys.lockfree_writes)
+        .key(&keys.signal)
+        .arg(stock)
+        .arg(&keys.released);
+    i
+}
