@@ -123,11 +123,7 @@ pub fn next_fence(keys: &Keys, newest: u64) -> ScriptInvocation<'static> {
 
 /// `{1, stock or -1, lock-free writes, other-lock writes}`, or `{0, newest token, 0,
 /// 0}` for a stale `fence`.
-pub fn read_stock(
-    keys: &Keys,
-    kind: LockKind,
-    fence: Option<u64>,
-) -> ScriptInvocation<'static> {
+pub fn read_stock(keys: &Keys, kind: LockKind, fence: Option<u64>) -> ScriptInvocation<'static> {
     let mut i = READ_STOCK.key(&keys.stock);
     i.key(&keys.fence_seen)
         .key(&keys.lockfree_writes)

@@ -47,3 +47,21 @@ pub fn pid_files(run_dir: &Path) -> Vec<PathBuf> {
         .map(|s| run_dir.join(format!("{s}.pid")))
         .collect()
 }
+
+/// Runs `stack.sh down` when dropped: a test that fails half-way (a panic) must not leave
+/// its stack running. Harmless when the stack is already down.
+pub struct DownOnDrop<'a> {
+    pub script: &'a Path,
+    pub run_dir: &'a Path,
+    pub inventory: &'a Path,
+}
+
+impl Drop for DownOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new(self.script)
+            .arg("down")
+            .env("RUN_DIR", self.run_dir)
+            .env("INVENTORY_BIN", self.inventory)
+            .output();
+    }
+}

@@ -239,6 +239,12 @@ fn alive(pid: &str) -> bool {
 async fn the_native_stack_starts_twice_harmlessly_and_stops_without_leftovers() {
     let run_dir = tempfile::tempdir().unwrap();
     let ports = native::free_ports();
+    let script = repo_path("scripts/stack.sh");
+    let _down = native::DownOnDrop {
+        script: &script,
+        run_dir: run_dir.path(),
+        inventory: env!("CARGO_BIN_EXE_inventory").as_ref(),
+    };
 
     let first = stack_script(run_dir.path(), ports, "up");
     let text = |o: &std::process::Output| {
@@ -291,6 +297,12 @@ async fn the_native_stack_refuses_to_start_on_a_taken_port() {
     let last = ports.len() - 1;
     ports[last] = taken;
 
+    let script = repo_path("scripts/stack.sh");
+    let _down = native::DownOnDrop {
+        script: &script,
+        run_dir: run_dir.path(),
+        inventory: env!("CARGO_BIN_EXE_inventory").as_ref(),
+    };
     let up = stack_script(run_dir.path(), ports, "up");
     let stderr = String::from_utf8_lossy(&up.stderr);
     assert!(!up.status.success());
