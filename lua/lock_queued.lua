@@ -1,6 +1,6 @@
 -- Take the lock, or join its FIFO queue of waiters, in one step (`LOCK_WAIT=notify`, the
 -- strategies whose release hands the lock over: lua-release, reentrant, watchdog, fenced).
--- A release hands the lock to the first live waiter (see hand_off in unlock_owned.lua):
+-- A release hands the lock to the first live waiter (see hand_off.lua):
 -- it writes the lock for that waiter and pushes '<token>|<shape>|<owner>' onto the
 -- waiter's instance's inbox list, so the woken waiter already holds the lock.
 -- A waiter's entry carries a deadline that the waiter refreshes while it waits; a release

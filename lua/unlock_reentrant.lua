@@ -11,44 +11,7 @@
 -- returns: -1 when this owner does not hold the lock (nothing changed);
 --          0 when outer levels remain (count - 1); 1 when the lock was released (deleted,
 --          or handed to the next waiter)
--- Hands the free lock to the first queued waiter whose entry is still valid (see
--- lock_queued.lua); false when there is none. Expired entries (a waiter that died or
--- stopped refreshing) are dropped on the way.
-local function hand_off(lock, fence, queue, entries)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  while true do
-    local first = redis.call('ZRANGE', queue, 0, 0)
-    if #first == 0 then
-      return false
-    end
-    local who = first[1]
-    local entry = redis.call('HGET', entries, who)
-    redis.call('ZREM', queue, who)
-    redis.call('HDEL', entries, who)
-    if entry then
-      local deadline, inbox, shape, newest, lease = string.match(entry, '^(%d+)|(.+)|(%a+)|(%d+)|(%d+)$')
-      if deadline and tonumber(deadline) > now then
-        local token = 0
-        if shape == 'string' then
-          redis.call('SET', lock, who, 'PX', lease)
-        else
-          if shape == 'fenced' then
-            if tonumber(redis.call('GET', fence) or '0') < tonumber(newest) then
-              redis.call('SET', fence, newest)
-            end
-            token = redis.call('INCR', fence)
-          end
-          redis.call('HSET', lock, who, 1)
-          redis.call('PEXPIRE', lock, lease)
-        end
-        redis.call('RPUSH', inbox, token .. '|' .. shape .. '|' .. who)
-        redis.call('PEXPIRE', inbox, lease)
-        return true
-      end
-    end
-  end
-end
+-- hand_off(lock, fence, queue, entries): see hand_off.lua, loaded in front of this script.
 
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   return -1

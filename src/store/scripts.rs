@@ -12,8 +12,20 @@ macro_rules! script {
 
 script!(LOCK_REENTRANT, "lock_reentrant.lua");
 script!(LOCK_FENCED, "lock_fenced.lua");
-script!(UNLOCK_REENTRANT, "unlock_reentrant.lua");
-script!(UNLOCK_OWNED, "unlock_owned.lua");
+/// A release script with the hand-off function in front (`lua/hand_off.lua`).
+macro_rules! release_script {
+    ($name:ident, $file:literal) => {
+        static $name: LazyLock<Script> = LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../lua/hand_off.lua"),
+                include_str!(concat!("../../lua/", $file))
+            ))
+        });
+    };
+}
+
+release_script!(UNLOCK_REENTRANT, "unlock_reentrant.lua");
+release_script!(UNLOCK_OWNED, "unlock_owned.lua");
 script!(RENEW, "renew.lua");
 script!(READ_STOCK, "read_stock.lua");
 script!(SELL, "sell.lua");

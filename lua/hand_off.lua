@@ -1,0 +1,41 @@
+-- Shared by the release scripts (unlock_owned.lua, unlock_reentrant.lua): the store puts this
+-- file in front of each of them when it loads them, so that the hand-off is written once and
+-- still runs inside the release's own atomic step.
+-- Hands the free lock to the first queued waiter whose entry is still valid (see
+-- lock_queued.lua); false when there is none. Expired entries (a waiter that died or
+-- stopped refreshing) are dropped on the way.
+local function hand_off(lock, fence, queue, entries)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  while true do
+    local first = redis.call('ZRANGE', queue, 0, 0)
+    if #first == 0 then
+      return false
+    end
+    local who = first[1]
+    local entry = redis.call('HGET', entries, who)
+    redis.call('ZREM', queue, who)
+    redis.call('HDEL', entries, who)
+    if entry then
+      local deadline, inbox, shape, newest, lease = string.match(entry, '^(%d+)|(.+)|(%a+)|(%d+)|(%d+)$')
+      if deadline and tonumber(deadline) > now then
+        local token = 0
+        if shape == 'string' then
+          redis.call('SET', lock, who, 'PX', lease)
+        else
+          if shape == 'fenced' then
+            if tonumber(redis.call('GET', fence) or '0') < tonumber(newest) then
+              redis.call('SET', fence, newest)
+            end
+            token = redis.call('INCR', fence)
+          end
+          redis.call('HSET', lock, who, 1)
+          redis.call('PEXPIRE', lock, lease)
+        end
+        redis.call('RPUSH', inbox, token .. '|' .. shape .. '|' .. who)
+        redis.call('PEXPIRE', inbox, lease)
+        return true
+      end
+    end
+  end
+end
