@@ -24,8 +24,12 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --d
   --logfile "$work/redis.log" &
 pids+=($!)
 app_port=$(free_port)
+# Every strategy the document lists must be usable: the quorum lock gets three lock
+# nodes, here three databases of the same server (the fuzzer tests the contract, not the
+# failure of a node).
+lock_nodes="redis://127.0.0.1:$redis_port/1,redis://127.0.0.1:$redis_port/2,redis://127.0.0.1:$redis_port/3"
 env -u ADMIN_TOKEN PORT=$app_port BIND_ADDR=127.0.0.1 INSTANCE_NAME=fuzzed REDIS_URL="redis://127.0.0.1:$redis_port" \
-  LOCK_WAIT_MS=2000 "$bin" >"$work/app.log" 2>&1 &
+  LOCK_NODES="$lock_nodes" LOCK_WAIT_MS=2000 "$bin" >"$work/app.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
   curl -fsS -o /dev/null "http://127.0.0.1:$app_port/ready" && break
