@@ -123,6 +123,20 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub redis_pool_wait_ms: u64,
 
+    /// Replicas that must acknowledge (Redis `WAIT`) every lock acquire, renewal and sale
+    /// write on the stock's Redis. 0 sends no `WAIT`. An acquire acknowledged by fewer is
+    /// released and the sale answers 503 `not_replicated` (nothing sold); a write
+    /// acknowledged by fewer answers 503 `not_replicated` too, but it is on the master and
+    /// may or may not survive a failover; a renewal acknowledged by fewer loses the lock.
+    #[arg(long, env = "REPLICA_ACKS", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub replica_acks: u32,
+
+    /// How long each `WAIT` waits for the replicas of `REPLICA_ACKS`, in milliseconds.
+    #[arg(long, env = "REPLICA_ACK_TIMEOUT_MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub replica_ack_timeout_ms: u64,
+
     /// How long the outcome of a sale sent with an `Idempotency-Key` is kept, in seconds.
     #[arg(long, env = "IDEMPOTENCY_TTL_S", default_value_t = 86_400,
           value_parser = clap::value_parser!(u64).range(1..=2_592_000))]
@@ -184,6 +198,13 @@ impl Config {
 
     pub fn redis_timeout(&self) -> Duration {
         Duration::from_millis(self.redis_timeout_ms)
+    }
+
+    pub fn replication(&self) -> crate::store::Replication {
+        crate::store::Replication {
+            acks: self.replica_acks,
+            timeout: Duration::from_millis(self.replica_ack_timeout_ms),
+        }
     }
 
     pub fn pool(&self) -> crate::store::PoolSettings {
@@ -337,6 +358,12 @@ mod tests {
         assert_eq!(default("redis_connection"), "multiplexed");
         assert_eq!(default("redis_pool_size"), "64");
         assert_eq!(default("redis_pool_wait_ms"), "200");
+        assert_eq!(
+            default("replica_acks"),
+            "0",
+            "no WAIT: the behaviour before it"
+        );
+        assert_eq!(default("replica_ack_timeout_ms"), "200");
         assert_eq!(default("instance_name"), "", "derived from host and port");
         assert_eq!(
             default("admin_token"),

@@ -25,10 +25,11 @@ pub enum Outcome {
     OutcomeUnknown,
     TooMuchContention,
     PoolExhausted,
+    NotReplicated,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 13] = [
+    const ALL: [Outcome; 14] = [
         Outcome::Sold,
         Outcome::SoldOut,
         Outcome::LockTimeout,
@@ -42,6 +43,7 @@ impl Outcome {
         Outcome::OutcomeUnknown,
         Outcome::TooMuchContention,
         Outcome::PoolExhausted,
+        Outcome::NotReplicated,
     ];
 
     pub fn label(self) -> &'static str {
@@ -59,6 +61,7 @@ impl Outcome {
             Outcome::OutcomeUnknown => "outcome_unknown",
             Outcome::TooMuchContention => "too_much_contention",
             Outcome::PoolExhausted => "pool_exhausted",
+            Outcome::NotReplicated => "not_replicated",
         }
     }
 }

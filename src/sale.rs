@@ -68,7 +68,7 @@ impl From<SoldEntry> for Sold {
 }
 
 /// Why no sale was made. Nothing was written in any of these cases, except possibly under
-/// `OutcomeUnknown`.
+/// `OutcomeUnknown`, and on the master only under `NotReplicated { written: true }`.
 #[derive(Debug)]
 pub enum SaleError {
     SoldOut,
@@ -99,6 +99,14 @@ pub enum SaleError {
     Redis(RedisError),
     /// The write was sent and its answer never came: it may have landed.
     OutcomeUnknown(RedisError),
+    /// Fewer replicas than `REPLICA_ACKS` acknowledged the lock (`written: false`: it was
+    /// released, nothing sold) or the sale's write (`written: true`: it is on the master,
+    /// and a failover may or may not lose it).
+    NotReplicated {
+        acked: i64,
+        wanted: u32,
+        written: bool,
+    },
 }
 
 impl SaleError {
@@ -121,6 +129,7 @@ impl SaleError {
             SaleError::Redis(e) if crate::store::is_pool_exhausted(e) => Outcome::PoolExhausted,
             SaleError::Redis(_) => Outcome::RedisUnavailable,
             SaleError::OutcomeUnknown(_) => Outcome::OutcomeUnknown,
+            SaleError::NotReplicated { .. } => Outcome::NotReplicated,
         }
     }
 }
@@ -136,6 +145,11 @@ impl From<LockError> for SaleError {
         match e {
             LockError::Timeout { waited } => SaleError::LockTimeout { waited },
             LockError::Redis(e) => SaleError::Redis(e),
+            LockError::NotReplicated { acked, wanted } => SaleError::NotReplicated {
+                acked,
+                wanted,
+                written: false,
+            },
         }
     }
 }
@@ -267,7 +281,11 @@ impl Seller {
             | SaleError::StockChanged
             | SaleError::TooMuchContention { .. }
             | SaleError::UnknownItem
+            | SaleError::NotReplicated { written: false, .. }
             | SaleError::Redis(_) => None,
+            // The sale script stored its outcome under the key with the write: a retry
+            // replays it if the write survives, and sells afresh if a failover lost both.
+            SaleError::NotReplicated { written: true, .. } => return,
             SaleError::InProgress => return,
             SaleError::OutcomeUnknown(_) => return self.resolve_unknown(claim),
         };
@@ -407,6 +425,14 @@ impl Seller {
             Recorded::ClaimLost => Err(SaleError::InProgress),
             Recorded::StockChanged => Err(SaleError::StockChanged),
             Recorded::Unstocked => Err(SaleError::UnknownItem),
+            Recorded::NotReplicated { remaining, acked } => {
+                tracing::warn!(event = crate::events::Event::SaleWritten.name(), order_id = %attempt.order_id, remaining, fence, acked, "sale written, but not acknowledged by enough replicas");
+                Err(SaleError::NotReplicated {
+                    acked,
+                    wanted: self.store.replication().acks,
+                    written: true,
+                })
+            }
         }
     }
 

@@ -389,7 +389,8 @@ async fn project_loop(
                 report.timeouts += 1;
                 continue;
             }
-            Err(LockError::Redis(_)) => {
+            // The bench sets no REPLICA_ACKS: an unreplicated acquire counts as an error.
+            Err(LockError::Redis(_) | LockError::NotReplicated { .. }) => {
                 report.errors += 1;
                 continue;
             }

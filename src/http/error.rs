@@ -17,7 +17,7 @@ pub struct ErrorBody {
     /// One of: bad_request, payload_too_large, unauthorized, not_found, method_not_allowed,
     /// unknown_item, sold_out, lock_lost, stale_fence, stock_changed, in_progress,
     /// lock_timeout, too_much_contention, pool_exhausted, redis_unavailable,
-    /// redis_auth_failed, outcome_unknown, internal.
+    /// redis_auth_failed, not_replicated, outcome_unknown, internal.
     pub error: String,
     pub message: String,
 }
@@ -165,6 +165,31 @@ impl ApiError {
                          sold. Retry with the same Idempotency-Key to learn the outcome, or \
                          read GET /inventory/audit"
                             .into(),
+                    ),
+                    SaleError::NotReplicated {
+                        acked,
+                        wanted,
+                        written: false,
+                    } => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "{acked} of the {wanted} replicas REPLICA_ACKS asks for acknowledged \
+                             the lock within REPLICA_ACK_TIMEOUT_MS, so a failover could hand it \
+                             to a second owner: the lock was released and nothing was sold"
+                        ),
+                    ),
+                    SaleError::NotReplicated {
+                        acked,
+                        wanted,
+                        written: true,
+                    } => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "the sale was written on the Redis master, but {acked} of the \
+                             {wanted} replicas REPLICA_ACKS asks for acknowledged it within \
+                             REPLICA_ACK_TIMEOUT_MS: it may or may not survive a failover. \
+                             Retry with the same Idempotency-Key to learn which"
+                        ),
                     ),
                     SaleError::UnknownItem => return ApiError::UnknownItem.parts(),
                     SaleError::Redis(e) => return redis_parts(e),

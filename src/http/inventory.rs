@@ -178,8 +178,12 @@ enum SaleResponses {
     /// (`lock_timeout`), every `optimistic` attempt within that budget found the stock
     /// changed before its `EXEC` (`too_much_contention`), every pooled Redis connection
     /// stayed in use for `REDIS_POOL_WAIT_MS` (`pool_exhausted`), Redis did not answer before
-    /// the write was sent (`redis_unavailable`), or Redis refused the service's credentials
-    /// (`redis_auth_failed`)
+    /// the write was sent (`redis_unavailable`), Redis refused the service's credentials
+    /// (`redis_auth_failed`), or fewer replicas than `REPLICA_ACKS` acknowledged the lock
+    /// within `REPLICA_ACK_TIMEOUT_MS` (`not_replicated`; the lock was released). The one
+    /// exception, also `not_replicated`: the sale's write is on the Redis master but fewer
+    /// replicas than `REPLICA_ACKS` acknowledged it in time, so it may or may not survive a
+    /// failover (the message says so); a retry with the same `Idempotency-Key` tells which
     #[response(status = 503, example = json!({"error": "lock_timeout",
         "message": "the lock stayed held for 10000 ms, the whole wait budget"}))]
     Unavailable(ErrorBody),

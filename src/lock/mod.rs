@@ -49,6 +49,11 @@ pub enum LockError {
         waited: Duration,
     },
     Redis(RedisError),
+    /// Acquired, but fewer replicas than `REPLICA_ACKS` acknowledged it in time; released.
+    NotReplicated {
+        acked: i64,
+        wanted: u32,
+    },
 }
 
 impl From<RedisError> for LockError {
@@ -223,6 +228,17 @@ pub struct LockCx {
     pub newest_fence: Arc<std::sync::atomic::AtomicU64>,
 }
 
+impl LockCx {
+    /// A copy whose stock store waits for `REPLICA_ACKS` replicas after every call, with
+    /// the count they acknowledged; `None` when `REPLICA_ACKS` is 0.
+    pub fn acked(&self) -> Option<(LockCx, Arc<crate::store::Acks>)> {
+        let (store, acks) = self.store.acked()?;
+        let mut cx = self.clone();
+        cx.store = store;
+        Some((cx, acks))
+    }
+}
+
 /// A held lock. Release it with [`Locks::release`]; a guard that is dropped instead stops its
 /// renewal, so a forgotten release expires with the lease rather than living forever
 /// (except under `setnx`, whose key has no lease: that is its flaw).
@@ -331,8 +347,17 @@ impl Locks {
                     &self.poller
                 };
                 let hands_off = handoff_shape(lock).is_some();
+                // With REPLICA_ACKS, every call of an attempt waits for the replicas on its
+                // own connection; the count is read once the lock is had.
+                let acked = self.cx.acked();
                 let attempt = waiter.until_acquired(owner, deadline, nested, hands_off, |queued| {
-                    let cx = &self.cx;
+                    let cx = match &acked {
+                        Some((cx, acks)) => {
+                            acks.reset();
+                            cx
+                        }
+                        None => &self.cx,
+                    };
                     async move {
                         match queued {
                             Some(queued) => handoff::try_acquire(cx, lock, owner, queued).await,
@@ -356,6 +381,9 @@ impl Locks {
                     }
                     Err(e) => return Err(e),
                 };
+                if let Some((_, acks)) = &acked {
+                    self.check_replicated(lock, owner, acks).await?;
+                }
                 let renewal = (lock.info().renews && !nested)
                     .then(|| Renewal::start(self.cx.clone(), lock, owner.clone()));
                 (fence, Hold::Redis(lock, renewal))
@@ -399,6 +427,30 @@ impl Locks {
         };
         tracing::debug!(event = crate::events::Event::LockReleased.name(), %strategy, %owner, ?released, "lock released");
         Ok(released)
+    }
+
+    /// An acquire that too few replicas acknowledged could be lost with the master, and a
+    /// promoted replica would then grant the same lock to a second owner: it is given back
+    /// at once (a failed release leaves it to its lease).
+    async fn check_replicated(
+        &self,
+        lock: RedisLock,
+        owner: &str,
+        acks: &crate::store::Acks,
+    ) -> Result<(), LockError> {
+        let wanted = self.cx.store.replication().acks;
+        // No command at all (nothing written by this attempt) has nothing to wait for.
+        let Some(acked) = acks.get() else {
+            return Ok(());
+        };
+        if acked >= i64::from(wanted) {
+            return Ok(());
+        }
+        tracing::warn!(%owner, acked, wanted, "lock acquired but not acknowledged by enough replicas; releasing it");
+        if let Err(e) = release_redis(&self.cx, lock, owner).await {
+            tracing::debug!(%owner, error = %e, "releasing an unreplicated lock failed; the lease ends it");
+        }
+        Err(LockError::NotReplicated { acked, wanted })
     }
 
     /// An acquire that Redis did not answer in time may still run once Redis wakes up, and

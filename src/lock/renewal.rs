@@ -49,7 +49,23 @@ async fn renew_until_stopped(
             _ = &mut stop => return,
             () = sleep(interval) => {}
         }
-        match super::renew(&cx, lock, &owner).await {
+        let acked = cx.acked();
+        let renewing = acked.as_ref().map_or(&cx, |(cx, _)| cx);
+        let renewed = super::renew(renewing, lock, &owner).await;
+        let wanted = i64::from(cx.store.replication().acks);
+        let unreplicated = acked
+            .as_ref()
+            .and_then(|(_, acks)| acks.get())
+            .filter(|&acked| acked < wanted);
+        match renewed {
+            // A renewal the replicas did not get would not survive a failover: the new
+            // master would let the lease run out early and grant the lock again.
+            Ok(true) if unreplicated.is_some() => {
+                cx.store.metrics().lock_lost();
+                tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, acked = unreplicated, wanted, reason = "renewal not acknowledged by enough replicas", "lock lost");
+                lost.store(true, Ordering::Release);
+                return;
+            }
             Ok(true) => {
                 last_renewed = Instant::now();
                 cx.store.metrics().renewal();

@@ -2,6 +2,7 @@
 //! and write the stock and its ledger. Lock calls live with their strategies in `lock/`.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -49,11 +50,82 @@ impl Default for PoolSettings {
     }
 }
 
+/// How many replicas must acknowledge a write before it counts (`REPLICA_ACKS`), and how
+/// long `WAIT` may wait for them (`REPLICA_ACK_TIMEOUT_MS`). `acks == 0` sends no `WAIT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replication {
+    pub acks: u32,
+    pub timeout: Duration,
+}
+
+impl Default for Replication {
+    fn default() -> Self {
+        Self {
+            acks: 0,
+            timeout: Duration::from_millis(200),
+        }
+    }
+}
+
+/// The fewest replicas that acknowledged any command of one operation run on an
+/// [`Store::acked`] store; `i64::MAX` until a command has been sent.
+#[derive(Debug)]
+pub struct Acks(AtomicI64);
+
+impl Acks {
+    fn new() -> Self {
+        Self(AtomicI64::new(i64::MAX))
+    }
+
+    /// Forgets what an earlier attempt saw.
+    pub fn reset(&self) {
+        self.0.store(i64::MAX, Ordering::Release);
+    }
+
+    fn record(&self, reply: Option<&redis::Value>) {
+        // A WAIT that Redis refused (sent to a replica, say) acknowledged nothing.
+        let acked = match reply {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        };
+        self.0.fetch_min(acked, Ordering::AcqRel);
+    }
+
+    /// Replicas that acknowledged every write of the operation; `None` if it sent nothing.
+    pub fn get(&self) -> Option<i64> {
+        match self.0.load(Ordering::Acquire) {
+            i64::MAX => None,
+            n => Some(n),
+        }
+    }
+}
+
+/// `WAIT acks timeout`, appended to every command of an acked call.
+#[derive(Clone)]
+pub struct AckWait {
+    replication: Replication,
+    acks: Arc<Acks>,
+}
+
+impl AckWait {
+    fn append(&self, pipe: &mut redis::Pipeline) {
+        pipe.cmd("WAIT")
+            .arg(self.replication.acks)
+            .arg(self.replication.timeout.as_millis().max(1) as u64);
+    }
+}
+
 /// The connection one call runs on: the shared multiplexed one, or a pooled one of its own
-/// (back to the pool when dropped).
+/// (back to the pool when dropped); or one of those with a `WAIT` behind every command.
 pub enum Conn {
     Shared(ConnectionManager),
     Pooled(deadpool_redis::Connection),
+    /// `WAIT` counts the replicas that have the writes *of the connection it is sent on*,
+    /// so it must go on the very connection of the write, right behind it: each command is
+    /// sent as a pipeline `[command, WAIT]`, which one connection carries in one piece (a
+    /// reconnection in between would otherwise send WAIT on a fresh connection with no
+    /// writes, and it would report every replica as up to date).
+    Acked(Box<Conn>, AckWait),
 }
 
 impl ConnectionLike for Conn {
@@ -64,6 +136,17 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Shared(c) => c.req_packed_command(cmd),
             Conn::Pooled(c) => c.req_packed_command(cmd),
+            Conn::Acked(c, wait) => Box::pin(async move {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd.clone());
+                wait.append(&mut pipe);
+                let mut replies = c.req_packed_commands(&pipe, 0, 2).await?;
+                wait.acks.record(replies.get(1));
+                replies.truncate(1);
+                replies.pop().ok_or_else(|| {
+                    RedisError::from((redis::ErrorKind::Client, "no reply to the command"))
+                })
+            }),
         }
     }
 
@@ -76,6 +159,20 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Shared(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Pooled(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Acked(c, wait) => Box::pin(async move {
+                if offset != 0 {
+                    // A transaction's replies are picked from behind its EXEC: no WAIT can
+                    // be appended, so it counts as acknowledged by nobody.
+                    wait.acks.record(None);
+                    return c.req_packed_commands(cmd, offset, count).await;
+                }
+                let mut pipe = cmd.clone();
+                wait.append(&mut pipe);
+                let mut replies = c.req_packed_commands(&pipe, 0, count + 1).await?;
+                wait.acks.record(replies.get(count));
+                replies.truncate(count);
+                Ok(replies)
+            }),
         }
     }
 
@@ -83,6 +180,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Shared(c) => c.get_db(),
             Conn::Pooled(c) => c.get_db(),
+            Conn::Acked(c, _) => c.get_db(),
         }
     }
 }
@@ -211,6 +309,9 @@ pub struct Store {
     timeout: Duration,
     metrics: Arc<Metrics>,
     ledger_cap: u64,
+    replication: Replication,
+    /// Set on a store returned by [`Store::acked`]: every call waits for the replicas.
+    acked: Option<Arc<Acks>>,
 }
 
 /// Ledger entries kept unless configured otherwise: enough to read the story of a load
@@ -296,6 +397,9 @@ pub enum Recorded {
     StockChanged,
     /// Refused: the stock key is missing (never stocked, or Redis lost its data).
     Unstocked,
+    /// Written and recorded on the master, but fewer replicas than `REPLICA_ACKS`
+    /// acknowledged it in time: a failover may or may not lose it.
+    NotReplicated { remaining: i64, acked: i64 },
 }
 
 impl Recorded {
@@ -356,6 +460,8 @@ impl Store {
             timeout,
             metrics,
             ledger_cap: DEFAULT_LEDGER_CAP,
+            replication: Replication::default(),
+            acked: None,
         })
     }
 
@@ -409,6 +515,33 @@ impl Store {
         }
     }
 
+    /// Asks `replication.acks` replicas to acknowledge acquires, renewals and sale writes.
+    pub fn with_replication(mut self, replication: Replication) -> Self {
+        self.replication = replication;
+        self
+    }
+
+    pub fn replication(&self) -> Replication {
+        self.replication
+    }
+
+    /// A copy of this store whose every call is followed by `WAIT` on its own connection,
+    /// and the count of replicas that acknowledged them; `None` when `REPLICA_ACKS` is 0.
+    ///
+    /// The call takes a pooled connection: `WAIT` blocks the connection it is sent on until
+    /// the replicas answer or the timeout passes, and on the shared multiplexed connection
+    /// it would hold up every other sale's commands behind it (for the whole timeout when
+    /// a replica is down).
+    pub fn acked(&self) -> Option<(Store, Arc<Acks>)> {
+        if self.replication.acks == 0 {
+            return None;
+        }
+        let acks = Arc::new(Acks::new());
+        let mut store = self.clone();
+        store.acked = Some(acks.clone());
+        Some((store, acks))
+    }
+
     /// The bound on one Redis exchange (`REDIS_TIMEOUT_MS`).
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -449,14 +582,22 @@ impl Store {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let conn = match self.pool_settings.mode {
-            ConnectionMode::Multiplexed => Conn::Shared(self.conn.clone()),
+        let (conn, bound) = match (&self.acked, self.pool_settings.mode) {
+            (Some(acks), _) => {
+                let wait = AckWait {
+                    replication: self.replication,
+                    acks: acks.clone(),
+                };
+                let conn = Conn::Acked(Box::new(Conn::Pooled(self.pooled().await?)), wait);
+                (conn, self.timeout + self.replication.timeout)
+            }
+            (None, ConnectionMode::Multiplexed) => (Conn::Shared(self.conn.clone()), self.timeout),
             // A pooled call that times out drops its connection back into the pool with
             // its reply outstanding; the checkout's PING (itself bounded) weeds out one
             // that is still stuck. Calls never leave a WATCH or a MULTI open.
-            ConnectionMode::Pool => Conn::Pooled(self.pooled().await?),
+            (None, ConnectionMode::Pool) => (Conn::Pooled(self.pooled().await?), self.timeout),
         };
-        let result = match tokio::time::timeout(self.timeout, f(conn)).await {
+        let result = match tokio::time::timeout(bound, f(conn)).await {
             Ok(result) => result,
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -536,10 +677,19 @@ impl Store {
 
     async fn sell(&self, entry: &Entry<'_>, mode: scripts::SellMode) -> RedisResult<Recorded> {
         let invocation = &scripts::sell(&self.keys, entry, self.ledger_cap, mode);
-        let (code, value): (i64, i64) = self
+        let acked = self.acked();
+        let store = acked.as_ref().map_or(self, |(store, _)| store);
+        let (code, value): (i64, i64) = store
             .call(|mut c| async move { invocation.invoke_async(&mut c).await })
             .await?;
-        Ok(Recorded::from_reply(code, value))
+        let recorded = Recorded::from_reply(code, value);
+        if let (Recorded::Written(remaining), Some((_, acks))) = (recorded, &acked) {
+            let acked = acks.get().unwrap_or(0);
+            if acked < i64::from(self.replication.acks) {
+                return Ok(Recorded::NotReplicated { remaining, acked });
+            }
+        }
+        Ok(recorded)
     }
 
     /// Claims an idempotency key for a sale with one `SET NX GET`: the claim when it is

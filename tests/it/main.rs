@@ -14,6 +14,7 @@ mod lua;
 mod optimistic;
 mod pictures;
 mod quorum;
+mod replication;
 mod resilience;
 mod safety;
 mod scenarios;
