@@ -32,6 +32,16 @@ pub struct Config {
     )]
     pub redis_url: String,
 
+    /// Redis Sentinel nodes (comma-separated `host:port`) that name the master of
+    /// `REDIS_MASTER_NAME`; used instead of `REDIS_URL`, and asked again after a connection
+    /// error, so that a failover is followed without a restart.
+    #[arg(long, env = "REDIS_SENTINELS", requires = "redis_master_name")]
+    pub redis_sentinels: Option<String>,
+
+    /// The master's name in the sentinels' configuration (`sentinel monitor NAME ...`).
+    #[arg(long, env = "REDIS_MASTER_NAME", requires = "redis_sentinels")]
+    pub redis_master_name: Option<String>,
+
     /// Independent Redis nodes for a lock that a majority of them must grant, as
     /// comma-separated URLs (`redis://host:port,...`); the stock stays on `REDIS_URL`.
     /// Checked by [`Config::lock_nodes`], not by the parser: a parser's error would quote
@@ -178,6 +188,14 @@ impl Config {
     /// The nodes of `LOCK_NODES`, checked one by one; errors hide passwords.
     pub fn lock_nodes(&self) -> Result<Option<LockNodes>, String> {
         self.lock_nodes.as_deref().map(LockNodes::parse).transpose()
+    }
+
+    /// `REDIS_SENTINELS` and `REDIS_MASTER_NAME`, checked; `None` when unset.
+    pub fn sentinels(&self) -> Result<Option<crate::store::Sentinels>, String> {
+        match (&self.redis_sentinels, &self.redis_master_name) {
+            (Some(list), Some(name)) => crate::store::Sentinels::parse(list, name).map(Some),
+            _ => Ok(None),
+        }
     }
 
     pub fn lock_ttl(&self) -> Duration {

@@ -25,13 +25,20 @@ use crate::store::Store;
 pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
     let instance = config.instance_name();
     // The URL may hold a password: it stays out of the error.
-    let store = Store::new(
-        &config.redis_url,
-        &config.item_id,
-        config.redis_timeout(),
-        Arc::new(Metrics::default()),
-    )
-    .map_err(|e| anyhow::anyhow!("REDIS_URL is not a valid Redis URL ({:?})", e.kind()))?
+    let metrics = Arc::new(Metrics::default());
+    let store = match config.sentinels().map_err(|e| anyhow::anyhow!(e))? {
+        Some(sentinels) => {
+            Store::with_sentinels(sentinels, &config.item_id, config.redis_timeout(), metrics)
+                .map_err(|e| anyhow::anyhow!("no master from REDIS_SENTINELS: {e}"))?
+        }
+        None => Store::new(
+            &config.redis_url,
+            &config.item_id,
+            config.redis_timeout(),
+            metrics,
+        )
+        .map_err(|e| anyhow::anyhow!("REDIS_URL is not a valid Redis URL ({:?})", e.kind()))?,
+    }
     .with_ledger_cap(config.ledger_max)
     .with_replication(config.replication())
     .with_pool(config.pool())

@@ -15,6 +15,10 @@ use crate::idempotency::{self, Claim, Next};
 use crate::metrics::Metrics;
 
 pub mod scripts;
+mod sentinel;
+
+pub use sentinel::Sentinels;
+use sentinel::{Backend, Server};
 
 /// Whether Redis refused our credentials: a wrong or missing password in `REDIS_URL`, or an
 /// ACL user without the rights. Not worth retrying until someone fixes the configuration.
@@ -299,11 +303,10 @@ pub struct WritesSeen {
 /// every call under `REDIS_CONNECTION=pool`.
 #[derive(Clone)]
 pub struct Store {
-    conn: ConnectionManager,
-    pool: deadpool_redis::Pool,
+    /// The server's connections: fixed for `REDIS_URL`, replaced after a failover when
+    /// Sentinel names the master.
+    server: Arc<Server>,
     pool_settings: PoolSettings,
-    redis_url: Arc<str>,
-    client: Client,
     item: String,
     pub keys: Keys,
     timeout: Duration,
@@ -440,21 +443,47 @@ impl Store {
         metrics: Arc<Metrics>,
     ) -> RedisResult<Self> {
         let client = Client::open(redis_url)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
         let pool_settings = PoolSettings::default();
-        let pool = build_pool(redis_url, timeout, pool_settings)?;
-        Ok(Self {
-            conn,
-            pool,
+        let backend = Backend::build(client, timeout, pool_settings)?;
+        Ok(Self::with_server(
+            Server::fixed(backend),
             pool_settings,
-            redis_url: redis_url.into(),
-            client,
+            item,
+            timeout,
+            metrics,
+        ))
+    }
+
+    /// The master that `sentinels` name, looked up now (a failed lookup is an error: the
+    /// service cannot know where to connect) and again after every connection error, so
+    /// that the store follows a failover without a restart.
+    pub fn with_sentinels(
+        sentinels: Sentinels,
+        item: &str,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> RedisResult<Self> {
+        let pool_settings = PoolSettings::default();
+        let server = Server::sentinel(sentinels, timeout, pool_settings)?;
+        Ok(Self::with_server(
+            server,
+            pool_settings,
+            item,
+            timeout,
+            metrics,
+        ))
+    }
+
+    fn with_server(
+        server: Server,
+        pool_settings: PoolSettings,
+        item: &str,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            server: Arc::new(server),
+            pool_settings,
             item: item.to_owned(),
             keys: Keys::new(item),
             timeout,
@@ -462,17 +491,17 @@ impl Store {
             ledger_cap: DEFAULT_LEDGER_CAP,
             replication: Replication::default(),
             acked: None,
-        })
+        }
     }
 
     /// Sizes the pool, and chooses which connection every other call takes.
     pub fn with_pool(mut self, settings: PoolSettings) -> RedisResult<Self> {
-        self.pool = build_pool(&self.redis_url, self.timeout, settings)?;
+        self.server.resize_pool(self.timeout, settings)?;
         self.pool_settings = settings;
         // Only the pool sized by the configuration is reported (lock nodes keep theirs idle).
-        let watched = self.pool.clone();
+        let watched = self.server.clone();
         self.metrics.register_pool(Box::new(move || {
-            let status = watched.status();
+            let status = watched.backend().pool.status();
             crate::metrics::PoolGauges {
                 max_size: status.max_size as u64,
                 open: status.size as u64,
@@ -487,11 +516,12 @@ impl Store {
     /// Connecting, and the checkout's `UNWATCH` + `PING`, are bounded by `REDIS_TIMEOUT_MS`.
     pub async fn pooled(&self) -> RedisResult<deadpool_redis::Connection> {
         use deadpool_redis::{PoolError, TimeoutType};
-        let status = self.pool.status();
+        let pool = self.server.backend().pool.clone();
+        let status = pool.status();
         if status.available == 0 && status.size >= status.max_size {
             self.metrics.pool_wait();
         }
-        match self.pool.get().await {
+        match pool.get().await {
             Ok(conn) => Ok(conn),
             Err(PoolError::Timeout(TimeoutType::Wait)) => {
                 self.metrics.pool_exhausted();
@@ -503,6 +533,7 @@ impl Store {
             }
             Err(PoolError::Backend(e)) => {
                 self.metrics.redis_error();
+                self.server.after_error(&e);
                 Err(e)
             }
             Err(e) => {
@@ -564,11 +595,17 @@ impl Store {
 
     /// `host:port` of the server (never the password), for logs and metrics labels.
     pub fn address(&self) -> String {
-        self.client.get_connection_info().addr().to_string()
+        self.server
+            .backend()
+            .client
+            .get_connection_info()
+            .addr()
+            .to_string()
     }
 
-    pub fn client(&self) -> &Client {
-        &self.client
+    /// A client for the server as it is now (under Sentinel, the master of the moment).
+    pub fn client(&self) -> Client {
+        self.server.backend().client.clone()
     }
 
     pub fn item(&self) -> &str {
@@ -591,7 +628,10 @@ impl Store {
                 let conn = Conn::Acked(Box::new(Conn::Pooled(self.pooled().await?)), wait);
                 (conn, self.timeout + self.replication.timeout)
             }
-            (None, ConnectionMode::Multiplexed) => (Conn::Shared(self.conn.clone()), self.timeout),
+            (None, ConnectionMode::Multiplexed) => (
+                Conn::Shared(self.server.backend().conn.clone()),
+                self.timeout,
+            ),
             // A pooled call that times out drops its connection back into the pool with
             // its reply outstanding; the checkout's PING (itself bounded) weeds out one
             // that is still stuck. Calls never leave a WATCH or a MULTI open.
@@ -604,8 +644,9 @@ impl Store {
                 "redis did not answer in time",
             ))),
         };
-        if result.is_err() {
+        if let Err(e) = &result {
             self.metrics.redis_error();
+            self.server.after_error(e);
         }
         result
     }
@@ -810,7 +851,7 @@ impl Store {
 
 /// The pool, connecting lazily; its size and usage are reported by `/metrics`.
 fn build_pool(
-    redis_url: &str,
+    info: redis::ConnectionInfo,
     timeout: Duration,
     settings: PoolSettings,
 ) -> RedisResult<deadpool_redis::Pool> {
@@ -818,7 +859,7 @@ fn build_pool(
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout));
-    let manager = Manager::new_with_config(redis_url, config)?;
+    let manager = Manager::new_with_config(info, config)?;
     let pool = Pool::builder(manager)
         .max_size(settings.size)
         .runtime(Runtime::Tokio1)

@@ -32,6 +32,7 @@ pub mod netns;
 pub mod nginx;
 pub mod proxy;
 pub mod redis;
+pub mod sentinel;
 
 pub use group::{DEFAULT_GRACE, ProcStat, ProcessGroup, group_members, signal_named};
 pub use inventory::{InventoryProcess, LogSink, default_env, inventory_binary};
@@ -39,6 +40,7 @@ pub use netns::{Link, Namespace};
 pub use nginx::NginxProcess;
 pub use proxy::DelayProxy;
 pub use redis::RedisProcess;
+pub use sentinel::{SentinelProcess, SentinelTiming};
 
 /// A port the OS had free a moment ago; servers that then fail to bind it are retried.
 pub fn free_port() -> anyhow::Result<u16> {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use inventory::store::Keys;
 use redis::AsyncCommands;
 use testkit::fixture::{InstanceBuilder, RedisServer};
+use testkit::{SentinelProcess, SentinelTiming};
 
 const ACK_TIMEOUT_MS: u64 = 200;
 
@@ -160,4 +161,108 @@ async fn an_unreplicated_write_says_it_may_survive_and_a_retry_with_its_key_tell
         assert!(Instant::now() < deadline, "the replica never caught up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+const MASTER_NAME: &str = "inventory";
+
+/// Three sentinels watching `master` (quorum 2), once they know each other and the replica.
+async fn sentinels_for(master: &RedisServer, timing: SentinelTiming) -> Vec<SentinelProcess> {
+    let mut sentinels = Vec::new();
+    for _ in 0..3 {
+        sentinels.push(
+            SentinelProcess::start(MASTER_NAME, master.port(), 2, timing)
+                .await
+                .unwrap(),
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    'wait: loop {
+        assert!(
+            Instant::now() < deadline,
+            "the sentinels never found each other"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for sentinel in &sentinels {
+            let Ok(info) = sentinel.master_info(MASTER_NAME).await else {
+                continue 'wait;
+            };
+            let field = |name: &str| info.get(name).map(String::as_str);
+            if field("num-other-sentinels") != Some("2") || field("num-slaves") != Some("1") {
+                continue 'wait;
+            }
+        }
+        return sentinels;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sales_follow_a_sentinel_failover_by_themselves_within_down_after_plus_failover_plus_2_s() {
+    let (mut master, replica) = master_and_replica().await;
+    let timing = SentinelTiming::default();
+    let sentinels = sentinels_for(&master, timing).await;
+    let list = sentinels
+        .iter()
+        .map(SentinelProcess::addr)
+        .collect::<Vec<_>>()
+        .join(",");
+    // REDIS_URL still names the master: the sentinels take precedence over it.
+    let app = InstanceBuilder::new(&master, "app1")
+        .env("REDIS_SENTINELS", &list)
+        .env("REDIS_MASTER_NAME", MASTER_NAME)
+        .env("REDIS_TIMEOUT_MS", 500)
+        .start()
+        .await;
+    app.reset(100).await;
+    let sale = app.sale("strategy=fenced").await;
+    assert_eq!(
+        (sale.status, sale.body["remaining"].as_i64()),
+        (200, Some(99)),
+        "{sale:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stock_on(&replica).await != Some(99) {
+        assert!(Instant::now() < deadline, "the replica never got the sale");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    master.stop().await;
+    let killed = Instant::now();
+    let bound = timing.down_after + timing.failover_timeout + Duration::from_secs(2);
+    let mut refused = Vec::new();
+    let sale = loop {
+        let sale = app.sale("strategy=fenced").await;
+        if sale.status == 200 {
+            break sale;
+        }
+        refused.push((sale.status, sale.error_code().to_owned()));
+        assert!(
+            killed.elapsed() < bound,
+            "no sale within {bound:?} of the master's death; answers: {refused:?}\n\
+             sentinel log:\n{}\ninstance log:\n{}",
+            sentinels[0].log(),
+            app.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let recovered = killed.elapsed();
+    // The promoted replica had the first sale: the next one sells the next item.
+    assert_eq!(sale.body["remaining"].as_i64(), Some(98), "{sale:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|(status, code)| *status == 503 && code == "redis_unavailable"),
+        "only bounded 503s meanwhile: {refused:?}"
+    );
+    let role: Vec<redis::Value> = redis::cmd("ROLE")
+        .query_async(&mut replica.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(
+        role.first(),
+        Some(&redis::Value::BulkString(b"master".to_vec()))
+    );
+    eprintln!(
+        "sales resumed {recovered:?} after the master was killed ({} refused)",
+        refused.len()
+    );
 }

@@ -1,0 +1,133 @@
+//! `redis-server --sentinel` on a free port, in a temporary directory of its own (a sentinel
+//! rewrites its configuration file, so each needs one it may write).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use nix::sys::signal::Signal;
+use tempfile::TempDir;
+use tokio::process::Command;
+use tokio::time::Instant;
+
+use crate::group::{DEFAULT_GRACE, ProcessGroup};
+use crate::{START_ATTEMPTS, free_port, read_log};
+
+/// How fast the sentinels act: a master silent for `down_after` is down, and a failover
+/// that has not completed within `failover_timeout` is given up (and retried after twice
+/// that).
+#[derive(Debug, Clone, Copy)]
+pub struct SentinelTiming {
+    pub down_after: Duration,
+    pub failover_timeout: Duration,
+}
+
+impl Default for SentinelTiming {
+    /// Fast enough for a test or a demo.
+    fn default() -> Self {
+        Self {
+            down_after: Duration::from_millis(1000),
+            failover_timeout: Duration::from_millis(2000),
+        }
+    }
+}
+
+pub struct SentinelProcess {
+    process: ProcessGroup,
+    pub port: u16,
+    dir: TempDir,
+}
+
+impl SentinelProcess {
+    /// A sentinel monitoring `master_name` at `127.0.0.1:master_port`, with `quorum`
+    /// sentinels needed to agree that it is down.
+    pub async fn start(
+        master_name: &str,
+        master_port: u16,
+        quorum: u32,
+        timing: SentinelTiming,
+    ) -> anyhow::Result<Self> {
+        let mut last_log = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let dir = tempfile::tempdir()?;
+            let port = free_port()?;
+            let conf = dir.path().join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
+                     sentinel monitor {master_name} 127.0.0.1 {master_port} {quorum}\n\
+                     sentinel down-after-milliseconds {master_name} {down}\n\
+                     sentinel failover-timeout {master_name} {failover}\n\
+                     sentinel parallel-syncs {master_name} 1\n",
+                    dir = dir.path().display(),
+                    down = timing.down_after.as_millis(),
+                    failover = timing.failover_timeout.as_millis(),
+                ),
+            )?;
+            let mut command = Command::new("redis-server");
+            command
+                .arg(&conf)
+                .arg("--sentinel")
+                .current_dir(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let process = ProcessGroup::spawn(&mut command, Signal::SIGTERM, DEFAULT_GRACE)
+                .context("cannot run redis-server --sentinel: install redis-server")?;
+            let sentinel = SentinelProcess { process, port, dir };
+            if sentinel.wait_ready(Duration::from_secs(5)).await {
+                return Ok(sentinel);
+            }
+            last_log = sentinel.log();
+        }
+        bail!("redis-server --sentinel did not start; its last log:\n{last_log}")
+    }
+
+    async fn wait_ready(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(mut c) = self.connection().await
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok()
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    /// `host:port`, as `REDIS_SENTINELS` lists it.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        redis::Client::open(format!("redis://{}", self.addr()))?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
+    /// `SENTINEL MASTER <name>` as field -> value.
+    pub async fn master_info(
+        &self,
+        master_name: &str,
+    ) -> anyhow::Result<std::collections::HashMap<String, String>> {
+        let mut c = self.connection().await?;
+        Ok(redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(master_name)
+            .query_async(&mut c)
+            .await?)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.process.id()
+    }
+
+    pub fn log(&self) -> String {
+        read_log(&self.dir.path().join("sentinel.log"))
+    }
+}
