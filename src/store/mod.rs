@@ -104,15 +104,32 @@ impl Acks {
     }
 }
 
-/// `WAIT acks timeout`, appended to every command of an acked call.
+/// What every command of an acked call is followed by: a barrier write, then `WAIT acks
+/// timeout`.
+///
+/// `WAIT` is documented to wait for the replication offset of its connection's *last
+/// write*. A command that only observed someone else's write (an acquire that finds the
+/// lock already handed over by another instance's release writes nothing) would leave that
+/// offset behind, and `WAIT` could then report replicas that never got the state the sale
+/// relies on. (Redis 7.0.15 was seen to wait for other connections' recent writes as well;
+/// the barrier does not depend on that.) The barrier, a `PUBLISH` to a channel nobody reads (Redis propagates
+/// it to replicas), runs after the command on the same single-threaded master, so its offset
+/// covers every write the command saw or made.
 #[derive(Clone)]
 pub struct AckWait {
     replication: Replication,
     acks: Arc<Acks>,
 }
 
+/// The channel of the barrier write.
+const WAIT_BARRIER: &str = "inventory:wait-barrier";
+
 impl AckWait {
+    /// Replies added behind the command's own: the barrier's, then `WAIT`'s.
+    const REPLIES: usize = 2;
+
     fn append(&self, pipe: &mut redis::Pipeline) {
+        pipe.cmd("PUBLISH").arg(WAIT_BARRIER).arg("");
         pipe.cmd("WAIT")
             .arg(self.replication.acks)
             .arg(self.replication.timeout.as_millis().max(1) as u64);
@@ -126,9 +143,10 @@ pub enum Conn {
     Pooled(deadpool_redis::Connection),
     /// `WAIT` counts the replicas that have the writes *of the connection it is sent on*,
     /// so it must go on the very connection of the write, right behind it: each command is
-    /// sent as a pipeline `[command, WAIT]`, which one connection carries in one piece (a
-    /// reconnection in between would otherwise send WAIT on a fresh connection with no
-    /// writes, and it would report every replica as up to date).
+    /// sent as a pipeline `[command, barrier write, WAIT]` (see [`AckWait`]), which one
+    /// connection carries in one piece (a reconnection in between would otherwise send
+    /// WAIT on a fresh connection with no writes, and it would report every replica as up
+    /// to date).
     Acked(Box<Conn>, AckWait),
 }
 
@@ -144,8 +162,10 @@ impl ConnectionLike for Conn {
                 let mut pipe = redis::pipe();
                 pipe.add_command(cmd.clone());
                 wait.append(&mut pipe);
-                let mut replies = c.req_packed_commands(&pipe, 0, 2).await?;
-                wait.acks.record(replies.get(1));
+                let mut replies = c
+                    .req_packed_commands(&pipe, 0, 1 + AckWait::REPLIES)
+                    .await?;
+                wait.acks.record(replies.get(AckWait::REPLIES));
                 replies.truncate(1);
                 replies.pop().ok_or_else(|| {
                     RedisError::from((redis::ErrorKind::Client, "no reply to the command"))
@@ -172,8 +192,10 @@ impl ConnectionLike for Conn {
                 }
                 let mut pipe = cmd.clone();
                 wait.append(&mut pipe);
-                let mut replies = c.req_packed_commands(&pipe, 0, count + 1).await?;
-                wait.acks.record(replies.get(count));
+                let mut replies = c
+                    .req_packed_commands(&pipe, 0, count + AckWait::REPLIES)
+                    .await?;
+                wait.acks.record(replies.get(count + AckWait::REPLIES - 1));
                 replies.truncate(count);
                 Ok(replies)
             }),

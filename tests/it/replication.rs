@@ -266,3 +266,48 @@ async fn sales_follow_a_sentinel_failover_by_themselves_within_down_after_plus_f
         refused.len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wait_vouches_for_what_a_command_read_not_only_for_what_it_wrote() {
+    use inventory::store::{Replication, Store};
+    let (master, replica) = master_and_replica().await;
+    let replication = Replication {
+        acks: 1,
+        timeout: Duration::from_millis(ACK_TIMEOUT_MS),
+    };
+    // A store of its own for each read: its pooled connection is fresh and has written
+    // nothing, as a pool's new connection has under load.
+    let read = || async {
+        let store = Store::new(
+            &master.url(),
+            "001",
+            Duration::from_secs(1),
+            std::sync::Arc::default(),
+        )
+        .unwrap()
+        .with_replication(replication);
+        let (acked, acks) = store.acked().unwrap();
+        let key = Keys::new("001").stock;
+        let _: Option<i64> = acked
+            .call(|mut c| async move { c.get(&key).await })
+            .await
+            .unwrap();
+        acks.get()
+    };
+    assert_eq!(read().await, Some(1), "a live replica acknowledges");
+
+    replica.signal("STOP").await;
+    // Someone else's write, which the replica never gets; then a command that only reads it.
+    let _: () = master
+        .conn()
+        .await
+        .set(Keys::new("001").stock, 7)
+        .await
+        .unwrap();
+    assert_eq!(
+        read().await,
+        Some(0),
+        "the read saw a write no replica has: WAIT must not vouch for it"
+    );
+    replica.signal("CONT").await;
+}
