@@ -230,6 +230,7 @@ impl Config {
             size: self.redis_pool_size as usize,
             wait: Duration::from_millis(self.redis_pool_wait_ms),
             mode: self.redis_connection,
+            ..Default::default()
         }
     }
 }

@@ -40,8 +40,8 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
         .map_err(|e| anyhow::anyhow!("REDIS_URL is not a valid Redis URL ({:?})", e.kind()))?,
     }
     .with_ledger_cap(config.ledger_max)
-    .with_replication(config.replication())
     .with_pool(config.pool())
+    .and_then(|store| store.with_replication(config.replication()))
     .map_err(|e| anyhow::anyhow!("cannot build the Redis pool ({:?})", e.kind()))?;
     tokio::spawn(report_redis_at_start(store.clone()));
     let locks = Locks::new(

@@ -284,8 +284,8 @@ pub struct Locks {
 impl Locks {
     /// Starts listening for releases; must be called inside a Tokio runtime.
     pub fn new(store: Store, ttl: Duration, mode: WaitMode, release_gap: Duration) -> Self {
-        let waiter = Waiter::listen(store.client(), &store.keys, mode);
-        let poller = Waiter::listen(store.client(), &store.keys, WaitMode::Spin);
+        let waiter = Waiter::listen(&store, mode);
+        let poller = Waiter::listen(&store, WaitMode::Spin);
         Self {
             cx: LockCx {
                 store,

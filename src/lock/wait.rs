@@ -54,7 +54,7 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use super::handoff::{self, Handed, Phase, Queued};
 use super::{Attempt, LockError};
-use crate::store::Keys;
+use crate::store::{Keys, Store};
 
 /// How a sale waits for a lock held by someone else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -105,13 +105,17 @@ enum Backend {
 
 impl Waiter {
     /// Spawns what `mode` listens with; it stops once the returned `Waiter` is gone.
-    pub fn listen(client: Client, keys: &Keys, mode: WaitMode) -> Self {
+    ///
+    /// Its connections are made from the store's client of the moment, so that after a
+    /// Sentinel failover they reconnect to the new master, not the old one.
+    pub fn listen(store: &Store, mode: WaitMode) -> Self {
+        let keys = &store.keys;
         let backend = match mode {
             WaitMode::Spin => Backend::Spin,
             WaitMode::Pubsub => {
                 let releases = Arc::new(Notify::new());
                 tokio::spawn(subscribe(
-                    client,
+                    store.clone(),
                     keys.released.clone(),
                     Arc::downgrade(&releases),
                 ));
@@ -122,7 +126,7 @@ impl Waiter {
                     inbox: handoff::inbox_key(keys).into(),
                     ..Queue::default()
                 });
-                tokio::spawn(pop_signals(client, keys.clone(), queue.clone()));
+                tokio::spawn(pop_signals(store.clone(), keys.clone(), queue.clone()));
                 Backend::Queue(queue)
             }
         };
@@ -584,7 +588,7 @@ impl Drop for Registration<'_> {
 
 /// Keeps one connection blocked on the signal list while this instance has waiters, and
 /// hands each popped signal to the front waiter.
-async fn pop_signals(client: Client, keys: Keys, queue: Arc<Queue>) {
+async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
     let mut backoff = Duration::from_millis(50);
     let mut conn: Option<MultiplexedConnection> = None;
     while !queue.closed.load(Ordering::Relaxed) {
@@ -606,7 +610,7 @@ async fn pop_signals(client: Client, keys: Keys, queue: Arc<Queue>) {
         }
         let connected = match conn.as_mut() {
             Some(connected) => connected,
-            None => match blocking_connection(&client).await {
+            None => match blocking_connection(&store.client()).await {
                 Ok(fresh) => {
                     backoff = Duration::from_millis(50);
                     // Signals pushed while nobody here listened may be gone with a
@@ -709,9 +713,10 @@ async fn blocking_connection(client: &Client) -> RedisResult<MultiplexedConnecti
 }
 
 /// Keeps one subscription alive for as long as anyone listens (`LOCK_WAIT=pubsub`).
-async fn subscribe(client: Client, channel: String, releases: Weak<Notify>) {
+async fn subscribe(store: Store, channel: String, releases: Weak<Notify>) {
     let mut backoff = Duration::from_millis(50);
     while releases.strong_count() > 0 {
+        let client = store.client();
         match tokio::time::timeout(Duration::from_secs(2), connect(&client, &channel)).await {
             Ok(Ok(pubsub)) => {
                 backoff = Duration::from_millis(50);

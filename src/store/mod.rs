@@ -42,6 +42,10 @@ pub struct PoolSettings {
     /// The longest wait for a free connection before `pool_exhausted`.
     pub wait: Duration,
     pub mode: ConnectionMode,
+    /// Added to `REDIS_TIMEOUT_MS` for a pooled connection's replies: a `WAIT` behind a
+    /// command (`REPLICA_ACKS`) may hold its reply up for the whole ack timeout, and the
+    /// connection must not give up on it first. Set from the store's replication.
+    pub reply_slack: Duration,
 }
 
 impl Default for PoolSettings {
@@ -50,6 +54,7 @@ impl Default for PoolSettings {
             size: 64,
             wait: Duration::from_millis(200),
             mode: ConnectionMode::Multiplexed,
+            reply_slack: Duration::ZERO,
         }
     }
 }
@@ -120,6 +125,9 @@ pub struct AckWait {
     replication: Replication,
     acks: Arc<Acks>,
 }
+
+/// Exchanges one acked call may make; see [`Store::call`].
+const ACKED_EXCHANGES_PER_CALL: u32 = 3;
 
 /// The channel of the barrier write.
 const WAIT_BARRIER: &str = "inventory:wait-barrier";
@@ -517,7 +525,8 @@ impl Store {
     }
 
     /// Sizes the pool, and chooses which connection every other call takes.
-    pub fn with_pool(mut self, settings: PoolSettings) -> RedisResult<Self> {
+    pub fn with_pool(mut self, mut settings: PoolSettings) -> RedisResult<Self> {
+        settings.reply_slack = self.reply_slack();
         self.server.resize_pool(self.timeout, settings)?;
         self.pool_settings = settings;
         // Only the pool sized by the configuration is reported (lock nodes keep theirs idle).
@@ -569,9 +578,19 @@ impl Store {
     }
 
     /// Asks `replication.acks` replicas to acknowledge acquires, renewals and sale writes.
-    pub fn with_replication(mut self, replication: Replication) -> Self {
+    /// The pool is rebuilt with room for `WAIT` replies.
+    pub fn with_replication(mut self, replication: Replication) -> RedisResult<Self> {
         self.replication = replication;
-        self
+        let settings = self.pool_settings;
+        self.with_pool(settings)
+    }
+
+    fn reply_slack(&self) -> Duration {
+        if self.replication.acks == 0 {
+            Duration::ZERO
+        } else {
+            self.replication.timeout
+        }
     }
 
     pub fn replication(&self) -> Replication {
@@ -648,7 +667,13 @@ impl Store {
                     acks: acks.clone(),
                 };
                 let conn = Conn::Acked(Box::new(Conn::Pooled(self.pooled().await?)), wait);
-                (conn, self.timeout + self.replication.timeout)
+                // Each exchange is bounded by the pooled connection's own reply timeout
+                // (store timeout + ack timeout); a call has at most a script's first run
+                // in it (EVALSHA, SCRIPT LOAD, EVALSHA), each with its WAIT behind it.
+                (
+                    conn,
+                    ACKED_EXCHANGES_PER_CALL * (self.timeout + self.replication.timeout),
+                )
             }
             (None, ConnectionMode::Multiplexed) => (
                 Conn::Shared(self.server.backend().conn.clone()),
@@ -880,7 +905,7 @@ fn build_pool(
     use deadpool_redis::{Manager, Pool, Runtime};
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
+        .set_response_timeout(Some(timeout + settings.reply_slack));
     let manager = Manager::new_with_config(info, config)?;
     let pool = Pool::builder(manager)
         .max_size(settings.size)
