@@ -511,8 +511,10 @@ impl Store {
         timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let server = Arc::new(server);
+        server.watch();
         Self {
-            server: Arc::new(server),
+            server,
             pool_settings,
             item: item.to_owned(),
             keys: Keys::new(item),

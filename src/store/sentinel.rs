@@ -22,6 +22,8 @@ use super::PoolSettings;
 /// The shortest time between two lookups: a dead master fails every call, and each would
 /// otherwise ask the sentinels again.
 const LOOKUP_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the master is looked up without an error to prompt it.
+const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
 /// `REDIS_SENTINELS` and `REDIS_MASTER_NAME`, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,7 +172,38 @@ impl Server {
         let Some(lookup) = &self.lookup else {
             return;
         };
-        if !master_may_have_moved(e) || lookup.running.swap(true, Ordering::AcqRel) {
+        if master_may_have_moved(e) {
+            self.look_up(lookup);
+        }
+    }
+
+    /// Under Sentinel, asks the sentinels every [`WATCH_INTERVAL`] as well: a master that
+    /// restarted empty at the old address (before Sentinel makes it a replica) accepts every
+    /// command, so no error would ever say that the master moved.
+    pub fn watch(self: &Arc<Self>) {
+        if self.lookup.is_none() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let server = Arc::downgrade(self);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(WATCH_INTERVAL).await;
+                let Some(server) = server.upgrade() else {
+                    return;
+                };
+                if let Some(lookup) = &server.lookup {
+                    server.look_up(lookup);
+                }
+            }
+        });
+    }
+
+    /// Starts one lookup unless one is running (or ran within [`LOOKUP_INTERVAL`]).
+    fn look_up(self: &Arc<Self>, lookup: &Lookup) {
+        if lookup.running.swap(true, Ordering::AcqRel) {
             return;
         }
         let server = self.clone();

@@ -40,7 +40,7 @@ pub use netns::{Link, Namespace};
 pub use nginx::NginxProcess;
 pub use proxy::DelayProxy;
 pub use redis::RedisProcess;
-pub use sentinel::{SentinelProcess, SentinelTiming};
+pub use sentinel::{SentinelProcess, SentinelTiming, master_port, start_sentinels};
 
 /// A port the OS had free a moment ago; servers that then fail to bind it are retried.
 pub fn free_port() -> anyhow::Result<u16> {

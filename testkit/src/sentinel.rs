@@ -131,3 +131,55 @@ impl SentinelProcess {
         read_log(&self.dir.path().join("sentinel.log"))
     }
 }
+
+/// Three sentinels watching `master_name` at `127.0.0.1:master_port` (quorum 2), returned
+/// once each knows the other two and `replicas` replicas: a failover before that could pick
+/// no replica at all.
+pub async fn start_sentinels(
+    master_name: &str,
+    master_port: u16,
+    replicas: usize,
+    timing: SentinelTiming,
+) -> anyhow::Result<Vec<SentinelProcess>> {
+    let mut sentinels = Vec::new();
+    for _ in 0..3 {
+        sentinels.push(SentinelProcess::start(master_name, master_port, 2, timing).await?);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (others, replicas) = ("2".to_owned(), replicas.to_string());
+    'wait: loop {
+        if Instant::now() >= deadline {
+            bail!("the sentinels never found each other and the {replicas} replicas");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for sentinel in &sentinels {
+            let Ok(info) = sentinel.master_info(master_name).await else {
+                continue 'wait;
+            };
+            if info.get("num-other-sentinels") != Some(&others)
+                || info.get("num-slaves") != Some(&replicas)
+            {
+                continue 'wait;
+            }
+        }
+        return Ok(sentinels);
+    }
+}
+
+/// The port of the master that the first answering sentinel names now.
+pub async fn master_port(sentinels: &[SentinelProcess], master_name: &str) -> Option<u16> {
+    for sentinel in sentinels {
+        let Ok(mut c) = sentinel.connection().await else {
+            continue;
+        };
+        let addr: redis::RedisResult<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(master_name)
+            .query_async(&mut c)
+            .await;
+        if let Ok((_, port)) = addr {
+            return Some(port);
+        }
+    }
+    None
+}

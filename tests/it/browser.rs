@@ -140,12 +140,8 @@ async fn swagger_ui_try_it_out_sells_an_item() {
 async fn the_scenarios_page_shows_every_rows_picture_in_chromium() {
     let bin = Path::new(env!("CARGO_BIN_EXE_inventory"));
     let mut runs = Vec::new();
-    for (fault, strategy) in loadtest::scenarios::rows() {
-        runs.push(
-            loadtest::scenarios::run_bounded(fault, strategy, bin, 3)
-                .await
-                .unwrap(),
-        );
+    for row in loadtest::scenarios::rows() {
+        runs.push(loadtest::scenarios::run_bounded(row, bin, 3).await.unwrap());
     }
     let dir = tempfile::tempdir().unwrap();
     let page = dir.path().join("scenarios.html");

@@ -4,17 +4,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use inventory::lock::Strategy;
 use loadtest::picture::{self, RED};
-use loadtest::scenarios::{self, Fault, Observed, Run};
+use loadtest::scenarios::{self, Fault, Observed, Row, Run};
 
-async fn run(fault: &str, strategy: &str) -> Run {
+async fn run(fault: &str, label: &str) -> Run {
     let fault: Fault = fault.parse().unwrap();
-    let strategy: Strategy = strategy.parse().unwrap();
+    let row = Row::find(fault, label).unwrap();
     let bin = Path::new(env!("CARGO_BIN_EXE_inventory"));
-    scenarios::run_bounded(fault, strategy, bin, 3)
-        .await
-        .unwrap()
+    scenarios::run_bounded(row, bin, 3).await.unwrap()
 }
 
 /// The attributes of every `<tag ...>` element of `svg` with `class` among its classes.

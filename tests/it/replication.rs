@@ -167,34 +167,10 @@ async fn an_unreplicated_write_says_it_may_survive_and_a_retry_with_its_key_tell
 
 const MASTER_NAME: &str = "inventory";
 
-/// Three sentinels watching `master` (quorum 2), once they know each other and the replica.
 async fn sentinels_for(master: &RedisServer, timing: SentinelTiming) -> Vec<SentinelProcess> {
-    let mut sentinels = Vec::new();
-    for _ in 0..3 {
-        sentinels.push(
-            SentinelProcess::start(MASTER_NAME, master.port(), 2, timing)
-                .await
-                .unwrap(),
-        );
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    'wait: loop {
-        assert!(
-            Instant::now() < deadline,
-            "the sentinels never found each other"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        for sentinel in &sentinels {
-            let Ok(info) = sentinel.master_info(MASTER_NAME).await else {
-                continue 'wait;
-            };
-            let field = |name: &str| info.get(name).map(String::as_str);
-            if field("num-other-sentinels") != Some("2") || field("num-slaves") != Some("1") {
-                continue 'wait;
-            }
-        }
-        return sentinels;
-    }
+    testkit::start_sentinels(MASTER_NAME, master.port(), 1, timing)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]

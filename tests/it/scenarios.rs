@@ -3,21 +3,23 @@
 
 use std::path::Path;
 
-use inventory::lock::Strategy;
-use loadtest::scenarios::{self, Fault, Observed};
+use loadtest::scenarios::{self, Fault, Observed, Row};
 
-async fn assert_row(scenario: &str, strategy: &str, expected: Observed) {
+async fn assert_row(scenario: &str, label: &str, expected: Observed) {
     let fault: Fault = scenario.parse().unwrap();
-    let strategy: Strategy = strategy.parse().unwrap();
+    let row = Row::find(fault, label).unwrap_or_else(|| panic!("no row {scenario} / {label}"));
     let bin = Path::new(env!("CARGO_BIN_EXE_inventory"));
-    let run = scenarios::run_bounded(fault, strategy, bin, 3)
-        .await
-        .unwrap();
+    let run = scenarios::run_bounded(row, bin, 3).await.unwrap();
     assert_eq!(run.expected, expected, "the row's expectation");
     assert!(
         run.ok,
         "{} / {}: expected {}, observed {}\ndetails: {:#}\ntimeline:\n{}",
-        run.scenario, run.strategy, run.expected, run.observed, run.details, run.timeline
+        run.scenario,
+        run.label(),
+        run.expected,
+        run.observed,
+        run.details,
+        run.timeline
     );
 }
 
@@ -57,13 +59,17 @@ rows! {
     redlock_fenced_keeps_the_stock_right_when_a_node_restarts_empty => ("node-restart", "redlock-fenced", Safe),
     optimistic_sells_right_under_contention_but_throws_work_away => ("contention", "optimistic", Flaw),
     fenced_waits_under_contention_and_never_retries => ("contention", "fenced", Safe),
+    without_replica_acks_a_failover_loses_a_sale_answered_200_and_sells_its_stock_again => ("failover", "fenced REPLICA_ACKS=0", Flaw),
+    with_one_replica_ack_an_unreplicated_acquire_is_refused_and_nothing_is_sold_twice => ("failover", "fenced REPLICA_ACKS=1", Safe),
+    one_replica_ack_loses_the_sale_when_the_other_lagging_replica_is_promoted => ("failover-wrong-replica", "fenced REPLICA_ACKS=1", Flaw),
+    acks_from_every_replica_refuse_the_sale_that_a_lagging_replica_would_lose => ("failover-wrong-replica", "fenced REPLICA_ACKS=2", Safe),
 }
 
 #[test]
 fn every_scenario_has_a_test_for_both_of_its_rows() {
     let source = include_str!("scenarios.rs");
-    for (fault, strategy) in scenarios::rows() {
-        let row = format!("(\"{fault}\", \"{strategy}\",");
+    for row in scenarios::rows() {
+        let row = format!("(\"{}\", \"{}\",", row.fault, row.label());
         assert!(source.contains(&row), "no test for {row}");
     }
 }

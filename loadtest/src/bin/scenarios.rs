@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use inventory::lock::Strategy;
-use loadtest::scenarios::{self, Fault, Run};
+use loadtest::scenarios::{self, Fault, Row, Run, Side};
 
 /// Fault scenarios: one fault each, a timeline of what every instance did, and a verdict.
 #[derive(Debug, Parser)]
@@ -58,9 +58,13 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     if args.list {
         for fault in Fault::ALL {
             let s = fault.scenario();
+            let [flawed, survivor] = [Side::Flawed, Side::Survivor].map(|side| Row { fault, side });
             println!(
-                "{:<14} {} (flaw: {}, survives: {})",
-                fault, s.description, s.flawed, s.survivor
+                "{:<22} {} (flaw: {}, survives: {})",
+                fault,
+                s.description,
+                flawed.label(),
+                survivor.label()
             );
         }
         return Ok(true);
@@ -79,22 +83,22 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         .map_err(anyhow::Error::msg)?;
     let rows: Vec<_> = scenarios::rows()
         .into_iter()
-        .filter(|(fault, _)| wanted.as_ref().is_none_or(|w| w.contains(fault)))
-        .filter(|(_, strategy)| only.is_none_or(|o| o == *strategy))
+        .filter(|row| wanted.as_ref().is_none_or(|w| w.contains(&row.fault)))
+        .filter(|row| only.is_none_or(|o| o == row.strategy()))
         .collect();
     anyhow::ensure!(!rows.is_empty(), "no scenario matches");
 
     let mut runs = Vec::new();
-    for (fault, strategy) in rows {
+    for row in rows {
         if !args.json {
             println!(
                 "== {} / {}: {}",
-                fault,
-                strategy,
-                fault.scenario().description
+                row.fault,
+                row.label(),
+                row.fault.scenario().description
             );
         }
-        let run = scenarios::run_bounded(fault, strategy, &bin, args.attempts).await?;
+        let run = scenarios::run_bounded(row, &bin, args.attempts).await?;
         if args.json {
             println!("{}", serde_json::to_string(&run)?);
         } else {
@@ -126,15 +130,15 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 
 fn print_table(runs: &[Run]) {
     println!(
-        "{:<14}  {:<14}  {:<8}  {:<8}  ok",
+        "{:<22}  {:<20}  {:<8}  {:<8}  ok",
         "scenario", "strategy", "expected", "observed"
     );
-    println!("{:-<14}  {:-<14}  {:-<8}  {:-<8}  --", "", "", "", "");
+    println!("{:-<22}  {:-<20}  {:-<8}  {:-<8}  --", "", "", "", "");
     for r in runs {
         println!(
-            "{:<14}  {:<14}  {:<8}  {:<8}  {}",
+            "{:<22}  {:<20}  {:<8}  {:<8}  {}",
             r.scenario,
-            r.strategy,
+            r.label(),
             r.expected.to_string(),
             r.observed.to_string(),
             if r.ok { "ok" } else { "NOT OK" }

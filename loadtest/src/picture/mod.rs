@@ -873,7 +873,7 @@ fn summary(runs: &[Run]) -> String {
             page,
             r##"<tr><td><a href="#row-{i}">{}</a></td><td>{}</td><td>{}</td><td class="{o}">{o}</td><td>{}</td></tr>"##,
             r.scenario,
-            r.strategy,
+            escape(&r.label()),
             r.expected,
             if r.ok { "ok" } else { "NOT OK" },
             o = r.observed,
@@ -903,7 +903,7 @@ fn section(i: usize, r: &Run) -> String {
         if r.ok { "ok" } else { "NOT OK" },
         picture.svg,
         sc = r.scenario,
-        st = r.strategy,
+        st = escape(&r.label()),
         o = r.observed,
     );
     if r.observed == Observed::Safe && picture.findings.iter().any(|f| f.0) {

@@ -19,6 +19,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "32 buyers with 50 ms of work each on a stock of 10: optimistic retries, fenced waits",
     flawed: Strategy::Optimistic,
     survivor: Strategy::Redis(RedisLock::Fenced),
+    setting: None,
 };
 
 const STOCK: i64 = 10;

@@ -11,6 +11,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "kill -9 the instance holding the lock mid-sale",
     flawed: Strategy::Redis(RedisLock::Setnx),
     survivor: Strategy::Redis(RedisLock::SetnxTtl),
+    setting: None,
 };
 
 /// The holder dies with the lock: does anyone ever sell again?

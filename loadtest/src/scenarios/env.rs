@@ -14,9 +14,12 @@ use inventory::lock::Strategy;
 use inventory::store::{Audit, Keys};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
-use testkit::{InventoryProcess, LogSink, Namespace, RedisProcess, default_env};
+use testkit::{
+    InventoryProcess, LogSink, Namespace, RedisProcess, SentinelProcess, SentinelTiming,
+    default_env,
+};
 
-use super::Fault;
+use super::Row;
 use crate::timeline::{Entry, Timeline};
 
 /// Short leases make expiry happen in a fraction of a second.
@@ -46,6 +49,10 @@ pub(super) enum Nodes {
 pub(super) struct Env {
     /// Declared first: dropped before the namespace they may run in.
     pub(super) redis: RedisProcess,
+    /// Replicas of `redis`, and the sentinels that watch them all, when the scenario has
+    /// them; the instances then find the master through the sentinels.
+    pub(super) replicas: Vec<RedisProcess>,
+    pub(super) sentinels: Vec<SentinelProcess>,
     /// The separate lock nodes, when the scenario has them.
     pub(super) nodes: Vec<tokio::sync::Mutex<RedisProcess>>,
     pub(super) apps: Vec<InventoryProcess>,
@@ -80,11 +87,8 @@ impl Reply {
 }
 
 impl Env {
-    pub(super) async fn start(
-        bin: &Path,
-        fault: Fault,
-        strategy: Strategy,
-    ) -> anyhow::Result<Self> {
+    pub(super) async fn start(bin: &Path, row: Row) -> anyhow::Result<Self> {
+        let (fault, strategy) = (row.fault, row.strategy());
         let placement = fault.nodes(strategy);
         let mut extra = vec!["--notify-keyspace-events", "Ex"];
         extra.extend(fault.redis_extra());
@@ -118,6 +122,7 @@ impl Env {
                 _ => RedisProcess::start(&[]).await?,
             });
         }
+        let (replicas, sentinels) = replicated(&redis, fault.replicas()).await?;
         let timeline = Timeline::new();
         let mut apps = Vec::new();
         for (i, name) in ["app1", "app2"].into_iter().enumerate() {
@@ -141,7 +146,17 @@ impl Env {
             }
             env.insert("LOCK_TTL_MS".into(), TTL_MS.to_string());
             env.insert("LOCK_WAIT_MS".into(), WAIT_MS.to_string());
+            if !sentinels.is_empty() {
+                env.remove("REDIS_URL");
+                env.remove("LOCK_NODES");
+                let addrs: Vec<String> = sentinels.iter().map(SentinelProcess::addr).collect();
+                env.insert("REDIS_SENTINELS".into(), addrs.join(","));
+                env.insert("REDIS_MASTER_NAME".into(), MASTER_NAME.into());
+            }
             fault.configure(name, &mut env);
+            if let Some((var, value)) = row.setting() {
+                env.insert(var.into(), value.into());
+            }
             let sink: LogSink = {
                 let timeline = timeline.clone();
                 Arc::new(move |who: &str, line: &str| timeline.record_log(who, line))
@@ -150,6 +165,8 @@ impl Env {
         }
         let env = Self {
             redis,
+            replicas,
+            sentinels,
             nodes: nodes.into_iter().map(tokio::sync::Mutex::new).collect(),
             apps,
             timeline,
@@ -269,6 +286,45 @@ impl Env {
             .wait_for(EVENT_WITHIN, |e| e.is(who, event))
             .await
     }
+}
+
+/// The name the sentinels know the stock's master by.
+pub(super) const MASTER_NAME: &str = "inventory";
+
+/// `count` replicas of `master`, synced, and three sentinels that know them all; nothing
+/// when `count` is 0.
+async fn replicated(
+    master: &RedisProcess,
+    count: usize,
+) -> anyhow::Result<(Vec<RedisProcess>, Vec<SentinelProcess>)> {
+    if count == 0 {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let port = master.port.to_string();
+    let mut replicas = Vec::new();
+    for _ in 0..count {
+        replicas.push(RedisProcess::start(&["--replicaof", "127.0.0.1", &port]).await?);
+    }
+    let mut c = master.connection().await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut c)
+            .await?;
+        if info.matches("state=online").count() == count {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the replicas never synced:\n{info}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sentinels =
+        testkit::start_sentinels(MASTER_NAME, master.port, count, SentinelTiming::default())
+            .await?;
+    Ok((replicas, sentinels))
 }
 
 pub(super) fn query(strategy: Strategy, work_ms: u64) -> String {

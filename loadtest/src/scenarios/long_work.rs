@@ -11,6 +11,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "work three times the TTL while the other instance sells",
     flawed: Strategy::Redis(RedisLock::Reentrant),
     survivor: Strategy::Redis(RedisLock::Watchdog),
+    setting: None,
 };
 
 /// Work three leases long on app1 while app2 sells.

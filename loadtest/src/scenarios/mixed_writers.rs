@@ -15,6 +15,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "half the buyers use fenced, the other half a writer that takes no lock",
     flawed: Strategy::None,
     survivor: Strategy::Atomic,
+    setting: None,
 };
 
 /// `fenced` buyers on app1 and `strategy` buyers on app2, on one item, at once.

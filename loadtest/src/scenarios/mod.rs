@@ -29,6 +29,8 @@ use env::{Env, Nodes};
 mod contention;
 mod crash_holder;
 mod env;
+mod failover;
+mod failover_wrong_replica;
 mod handover;
 mod long_work;
 mod mixed_writers;
@@ -58,12 +60,14 @@ pub enum Fault {
     RedlockPause,
     NodeRestart,
     Contention,
+    Failover,
+    FailoverWrongReplica,
 }
 
 impl Fault {
     /// Every fault, in the order of the story (each row's flawed strategy is the survivor
     /// of the row before, until `mixed-writers`).
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 15] = [
         Fault::TwoInstances,
         Fault::CrashHolder,
         Fault::SlowHolder,
@@ -77,6 +81,8 @@ impl Fault {
         Fault::RedlockPause,
         Fault::NodeRestart,
         Fault::Contention,
+        Fault::Failover,
+        Fault::FailoverWrongReplica,
     ];
 
     /// Its name on the command line, in `--json` and in the test names.
@@ -95,6 +101,8 @@ impl Fault {
             Fault::RedlockPause => "redlock-pause",
             Fault::NodeRestart => "node-restart",
             Fault::Contention => "contention",
+            Fault::Failover => "failover",
+            Fault::FailoverWrongReplica => "failover-wrong-replica",
         }
     }
 
@@ -114,6 +122,8 @@ impl Fault {
             Fault::Partition => partition::SCENARIO,
             Fault::RedlockPause => redlock_pause::SCENARIO,
             Fault::NodeRestart => node_restart::SCENARIO,
+            Fault::Failover => failover::SCENARIO,
+            Fault::FailoverWrongReplica => failover_wrong_replica::SCENARIO,
         }
     }
 
@@ -124,6 +134,16 @@ impl Fault {
             Fault::Partition => partition::nodes(strategy),
             Fault::NodeRestart => Nodes::ThirdInNamespace,
             _ => Nodes::Shared,
+        }
+    }
+
+    /// Replicas of the stock's Redis, watched by three sentinels that the instances ask for
+    /// the master (`REDIS_SENTINELS`); none by default.
+    fn replicas(self) -> usize {
+        match self {
+            Fault::Failover => 1,
+            Fault::FailoverWrongReplica => 2,
+            _ => 0,
         }
     }
 
@@ -142,6 +162,7 @@ impl Fault {
             Fault::ReleaseRace => release_race::configure(app, env),
             Fault::Reentry => reentry::configure(app, env),
             Fault::NodeLoss => node_loss::configure(env),
+            Fault::Failover | Fault::FailoverWrongReplica => failover::configure(env),
             Fault::TwoInstances
             | Fault::CrashHolder
             | Fault::SlowHolder
@@ -171,6 +192,8 @@ impl Fault {
             Fault::RedlockPause => redlock_pause::run(env, strategy).await,
             Fault::NodeRestart => node_restart::run(env, strategy).await,
             Fault::Contention => contention::run(env, strategy).await,
+            Fault::Failover => failover::run(env, strategy).await,
+            Fault::FailoverWrongReplica => failover_wrong_replica::run(env, strategy).await,
         }
     }
 }
@@ -204,6 +227,73 @@ pub struct Scenario {
     pub flawed: Strategy,
     /// The next strategy, expected to survive it.
     pub survivor: Strategy,
+    /// A setting the two rows differ in, when the survivor is the same strategy configured
+    /// otherwise (`REPLICA_ACKS=0` against `1`).
+    pub setting: Option<Setting>,
+}
+
+/// An environment variable of the instances, and its value in each row.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    pub var: &'static str,
+    pub flawed: &'static str,
+    pub survivor: &'static str,
+}
+
+/// Which of a scenario's two rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    Flawed,
+    Survivor,
+}
+
+/// One row: a fault, and the side of it that runs (its strategy and setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Row {
+    pub fault: Fault,
+    pub side: Side,
+}
+
+impl Row {
+    pub fn strategy(self) -> Strategy {
+        let s = self.fault.scenario();
+        match self.side {
+            Side::Flawed => s.flawed,
+            Side::Survivor => s.survivor,
+        }
+    }
+
+    /// The row's own value of its scenario's setting, as `(variable, value)`.
+    pub fn setting(self) -> Option<(&'static str, &'static str)> {
+        let setting = self.fault.scenario().setting?;
+        Some(match self.side {
+            Side::Flawed => (setting.var, setting.flawed),
+            Side::Survivor => (setting.var, setting.survivor),
+        })
+    }
+
+    pub fn expected(self) -> Observed {
+        match self.side {
+            Side::Flawed => Observed::Flaw,
+            Side::Survivor => Observed::Safe,
+        }
+    }
+
+    /// The strategy, and the setting when the row has one: `fenced REPLICA_ACKS=1`.
+    pub fn label(self) -> String {
+        match self.setting() {
+            Some((var, value)) => format!("{} {var}={value}", self.strategy()),
+            None => self.strategy().to_string(),
+        }
+    }
+
+    /// The row of `fault` whose [`label`](Self::label) is `label`.
+    pub fn find(fault: Fault, label: &str) -> Option<Row> {
+        [Side::Flawed, Side::Survivor]
+            .into_iter()
+            .map(|side| Row { fault, side })
+            .find(|row| row.label() == label)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -230,6 +320,9 @@ impl std::fmt::Display for Observed {
 pub struct Run {
     pub scenario: &'static str,
     pub strategy: &'static str,
+    /// The row's setting (`REPLICA_ACKS=1`), when its scenario has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub setting: Option<String>,
     pub expected: Observed,
     pub observed: Observed,
     pub ok: bool,
@@ -241,23 +334,24 @@ pub struct Run {
     pub entries: Vec<crate::timeline::Entry>,
 }
 
-/// Runs `fault`'s scenario for `strategy`. A run whose fault did not take place is tried
-/// again, up to `attempts` times; the attempts are reported in the details.
-pub async fn run(
-    fault: Fault,
-    strategy: Strategy,
-    bin: &Path,
-    attempts: u32,
-) -> anyhow::Result<Run> {
-    let expected = if strategy == fault.scenario().flawed {
-        Observed::Flaw
-    } else {
-        Observed::Safe
-    };
+impl Run {
+    /// The strategy, and the setting when the row has one.
+    pub fn label(&self) -> String {
+        match &self.setting {
+            Some(setting) => format!("{} {setting}", self.strategy),
+            None => self.strategy.to_owned(),
+        }
+    }
+}
+
+/// Runs one row. A run whose fault did not take place is tried again, up to `attempts`
+/// times; the attempts are reported in the details.
+pub async fn run(row: Row, bin: &Path, attempts: u32) -> anyhow::Result<Run> {
+    let (fault, strategy, expected) = (row.fault, row.strategy(), row.expected());
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let mut env = Env::start(bin, fault, strategy).await?;
+        let mut env = Env::start(bin, row).await?;
         let (observed, mut details) = fault.provoke(&mut env, strategy).await?;
         if observed == Observed::Missed && attempt < attempts {
             continue;
@@ -266,6 +360,7 @@ pub async fn run(
         return Ok(Run {
             scenario: fault.name(),
             strategy: strategy.name(),
+            setting: row.setting().map(|(var, value)| format!("{var}={value}")),
             expected,
             observed,
             ok: observed == expected,
@@ -277,33 +372,25 @@ pub async fn run(
 }
 
 /// Every row: each scenario for its flawed strategy, then for its survivor.
-pub fn rows() -> Vec<(Fault, Strategy)> {
+pub fn rows() -> Vec<Row> {
     Fault::ALL
         .into_iter()
-        .flat_map(|f| {
-            let s = f.scenario();
-            [(f, s.flawed), (f, s.survivor)]
-        })
+        .flat_map(|fault| [Side::Flawed, Side::Survivor].map(|side| Row { fault, side }))
         .collect()
 }
 
 /// How long a run may take at most, for callers that want a bound.
 pub const RUN_BOUND: Duration = Duration::from_secs(60);
 
-pub async fn run_bounded(
-    fault: Fault,
-    strategy: Strategy,
-    bin: &Path,
-    attempts: u32,
-) -> anyhow::Result<Run> {
+pub async fn run_bounded(row: Row, bin: &Path, attempts: u32) -> anyhow::Result<Run> {
     let started = Instant::now();
-    tokio::time::timeout(RUN_BOUND, run(fault, strategy, bin, attempts))
+    tokio::time::timeout(RUN_BOUND, run(row, bin, attempts))
         .await
         .with_context(|| {
             format!(
                 "{} / {} took longer than {:?}",
-                fault,
-                strategy,
+                row.fault,
+                row.label(),
                 started.elapsed()
             )
         })?
@@ -328,11 +415,16 @@ mod tests {
     }
 
     #[test]
-    fn each_row_pair_is_two_different_strategies() {
+    fn each_row_pair_differs_in_its_strategy_or_its_setting_and_is_found_by_its_label() {
         for fault in Fault::ALL {
             let s = fault.scenario();
-            assert_ne!(s.flawed, s.survivor, "{fault}");
+            let setting_differs = s.setting.is_some_and(|s| s.flawed != s.survivor);
+            assert!(s.flawed != s.survivor || setting_differs, "{fault}");
         }
-        assert_eq!(rows().len(), 2 * Fault::ALL.len());
+        let rows = rows();
+        assert_eq!(rows.len(), 2 * Fault::ALL.len());
+        for row in rows {
+            assert_eq!(Row::find(row.fault, &row.label()), Some(row));
+        }
     }
 }

@@ -15,6 +15,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "kill -9 a Redis node that holds the lock mid-load, then start it again",
     flawed: Strategy::Redis(RedisLock::Fenced),
     survivor: Strategy::Redis(RedisLock::Redlock),
+    setting: None,
 };
 
 /// `fenced` has one node, the stock's (kept in an append-only file, so that it returns with

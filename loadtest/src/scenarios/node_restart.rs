@@ -17,6 +17,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "restart empty a lock node that granted the holder's lock, so that a second owner reaches a majority",
     flawed: Strategy::Redis(RedisLock::Redlock),
     survivor: Strategy::Redis(RedisLock::RedlockFenced),
+    setting: None,
 };
 
 /// Shorter than the lease (500 ms), so that the first holder is still within its validity

@@ -14,6 +14,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "cut one Redis node off from app1 only (network namespace, link down) while both instances sell",
     flawed: Strategy::Redis(RedisLock::Fenced),
     survivor: Strategy::Redis(RedisLock::Redlock),
+    setting: None,
 };
 
 /// `fenced`'s one node is the stock's Redis; `redlock`'s third lock node is the one cut off.

@@ -13,6 +13,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "SIGSTOP the holder after it read the stock, longer than the TTL, while the other instance sells",
     flawed: Strategy::Redis(RedisLock::Watchdog),
     survivor: Strategy::Redis(RedisLock::Fenced),
+    setting: None,
 };
 
 /// Freeze the holder between its read and its write, long enough for its lease to expire and

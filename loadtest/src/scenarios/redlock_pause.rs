@@ -11,6 +11,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "SIGSTOP the redlock holder after it read the stock, past its validity, while the other instance sells",
     flawed: Strategy::Redis(RedisLock::Redlock),
     survivor: Strategy::Redis(RedisLock::RedlockFenced),
+    setting: None,
 };
 
 /// The same fault as `process-pause`, provoked and judged the same way: the pause does not

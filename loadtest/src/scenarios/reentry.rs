@@ -13,6 +13,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "the sale acquires the same lock again, nested",
     flawed: Strategy::Redis(RedisLock::LuaRelease),
     survivor: Strategy::Redis(RedisLock::Reentrant),
+    setting: None,
 };
 
 /// The nested acquire must wait out its budget, not the outer lease.

@@ -16,6 +16,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "the lock changes hands between the owner check and the delete",
     flawed: Strategy::Redis(RedisLock::OwnerCheck),
     survivor: Strategy::Redis(RedisLock::LuaRelease),
+    setting: None,
 };
 
 /// Only app1's first sale releases in this scenario: widen its window.

@@ -11,6 +11,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "work longer than the TTL; another sale takes the expired lock; the first then releases",
     flawed: Strategy::Redis(RedisLock::SetnxTtl),
     survivor: Strategy::Redis(RedisLock::OwnerCheck),
+    setting: None,
 };
 
 /// A's lease ends at 500 ms, B holds from there to ~900 ms, A releases at 700 ms.

@@ -14,6 +14,7 @@ pub(super) const SCENARIO: Scenario = Scenario {
     description: "concurrent sales on both instances",
     flawed: Strategy::Local,
     survivor: Strategy::Redis(RedisLock::Setnx),
+    setting: None,
 };
 
 /// Local mutexes are per process: two instances sell the same stock at once.
