@@ -122,7 +122,7 @@ impl Env {
                 _ => RedisProcess::start(&[]).await?,
             });
         }
-        let (replicas, sentinels) = replicated(&redis, fault.replicas()).await?;
+        let (replicas, sentinels) = replicated(&redis, fault.replicas(), &extra).await?;
         let timeline = Timeline::new();
         let mut apps = Vec::new();
         for (i, name) in ["app1", "app2"].into_iter().enumerate() {
@@ -296,6 +296,7 @@ pub(super) const MASTER_NAME: &str = "inventory";
 async fn replicated(
     master: &RedisProcess,
     count: usize,
+    extra: &[&str],
 ) -> anyhow::Result<(Vec<RedisProcess>, Vec<SentinelProcess>)> {
     if count == 0 {
         return Ok((Vec::new(), Vec::new()));
@@ -303,7 +304,9 @@ async fn replicated(
     let port = master.port.to_string();
     let mut replicas = Vec::new();
     for _ in 0..count {
-        replicas.push(RedisProcess::start(&["--replicaof", "127.0.0.1", &port]).await?);
+        let mut args = vec!["--replicaof", "127.0.0.1", &port];
+        args.extend(extra);
+        replicas.push(RedisProcess::start(&args).await?);
     }
     let mut c = master.connection().await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -152,6 +152,9 @@ impl Fault {
         match self {
             // The stock must survive its node's crash for "sales resume when it returns".
             Fault::NodeLoss => &["--appendonly", "yes", "--appendfsync", "always"],
+            // A replica that (re)syncs after the failover is served at once, not after the
+            // 5 s that a diskless sync waits by default for more replicas to join.
+            Fault::Failover | Fault::FailoverWrongReplica => &["--repl-diskless-sync-delay", "0"],
             _ => &[],
         }
     }
