@@ -6,6 +6,7 @@
 //! contract breaks this crate's build rather than its numbers.
 
 pub mod bench;
+pub mod failover;
 pub mod html;
 pub mod lockbench;
 pub mod picture;
@@ -64,6 +65,17 @@ pub struct StrategyReport {
     pub remaining: i64,
     /// Sales the server recorded in its ledger.
     pub audit_sales: i64,
+    /// Sales answered 200 that the server has no record of: `sold - audit_sales` when
+    /// positive. A failover to a replica that never got them loses them, and the stock they
+    /// took is sold again.
+    #[serde(default)]
+    pub lost_200: i64,
+    /// The master killed by `--failover-after`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub failover: Option<failover::Killed>,
+    /// Seconds from the kill to the first request sent after it that sold.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub resumed_after_s: Option<f64>,
     /// 200s per instance (from `X-Instance`).
     pub instances: BTreeMap<String, u64>,
     pub duration_s: f64,
@@ -115,7 +127,15 @@ impl StrategyReport {
     }
 }
 
+/// One request: how it ended, how long it took, and when it was sent (since the start).
+struct Sale {
+    outcome: Outcome,
+    latency: Duration,
+    sent: Duration,
+}
+
 /// How one request ended.
+#[derive(Clone)]
 enum Outcome {
     Sold { instance: Option<String> },
     SoldOut,
@@ -131,6 +151,7 @@ pub struct LoadTest {
     http: reqwest::Client,
     /// Throughput mode: sell for this long instead of `plan.requests` times.
     duration: Option<Duration>,
+    failover: Option<failover::Failover>,
 }
 
 /// What `--health` measures: the HTTP path alone, to hold against `wrk`.
@@ -161,7 +182,14 @@ impl LoadTest {
             plan,
             http,
             duration: None,
+            failover: None,
         })
+    }
+
+    /// Kills the master that Sentinel names `failover.after` into each run.
+    pub fn with_failover(mut self, failover: failover::Failover) -> Self {
+        self.failover = Some(failover);
+        self
     }
 
     /// Throughput mode: each run sells for `duration` (with `plan.concurrency` in flight)
@@ -235,7 +263,13 @@ impl LoadTest {
                     None => next.fetch_add(1, Ordering::Relaxed) < self.plan.requests,
                 };
                 while more() {
-                    done.push(self.sell_once(strategy).await);
+                    let sent = started.elapsed();
+                    let (outcome, latency) = self.sell_once(strategy).await;
+                    done.push(Sale {
+                        outcome,
+                        latency,
+                        sent,
+                    });
                     if let Some(tick) = &progress {
                         tick();
                     }
@@ -243,20 +277,46 @@ impl LoadTest {
                 done
             }
         });
-        let results: Vec<(Outcome, Duration)> = futures_util::future::join_all(workers)
-            .await
-            .into_iter()
-            .flatten()
-            .collect();
+        let kill = async {
+            let failover = self.failover.as_ref()?;
+            tokio::time::sleep(failover.after).await;
+            let at = started.elapsed();
+            Some(failover.kill_master().await.map(|(master, how)| {
+                (
+                    failover::Killed {
+                        master,
+                        how,
+                        at_s: (at.as_secs_f64() * 1e3).round() / 1e3,
+                    },
+                    at,
+                )
+            }))
+        };
+        let (results, killed) = tokio::join!(futures_util::future::join_all(workers), kill);
+        let results: Vec<Sale> = results.into_iter().flatten().collect();
+        let killed = killed.transpose()?;
         let duration = started.elapsed();
         let audit = self.audit().await?;
-        Ok(summarize(
+        let mut report = summarize(
             strategy,
             self.plan.stock,
-            results,
+            results
+                .iter()
+                .map(|s| (s.outcome.clone(), s.latency))
+                .collect(),
             duration,
             &audit,
-        ))
+        );
+        if let Some((killed, at)) = killed {
+            report.resumed_after_s = results
+                .iter()
+                .filter(|s| matches!(s.outcome, Outcome::Sold { .. }) && s.sent > at)
+                .map(|s| s.sent - at)
+                .min()
+                .map(|d| (d.as_secs_f64() * 1e3).round() / 1e3);
+            report.failover = Some(killed);
+        }
+        Ok(report)
     }
 
     async fn sell_once(&self, strategy: Strategy) -> (Outcome, Duration) {
@@ -383,7 +443,13 @@ fn summarize(
     let requests = latencies.len() as u64;
     let secs = duration.as_secs_f64().max(1e-9);
     let disagreement = disagreement(sold, errors, audit.sales);
-    let verdict = if audit.oversold > 0 || audit.lost_updates != 0 || !audit.duplicates.is_empty() {
+    let lost_200 = (sold as i64 - audit.sales).max(0);
+    // A sale answered 200 and lost sells its item again: an oversell the audit cannot see.
+    let verdict = if audit.oversold > 0
+        || audit.lost_updates != 0
+        || !audit.duplicates.is_empty()
+        || lost_200 > 0
+    {
         Verdict::Oversold
     } else {
         Verdict::Safe
@@ -402,6 +468,9 @@ fn summarize(
         duplicates: audit.duplicates.len() as u64,
         remaining: audit.remaining,
         audit_sales: audit.sales,
+        lost_200,
+        failover: None,
+        resumed_after_s: None,
         instances,
         duration_s: (secs * 1e3).round() / 1e3,
         throughput_rps: (requests as f64 / secs).round(),

@@ -46,6 +46,17 @@ struct Args {
     /// Write an HTML report with charts to this file.
     #[arg(long, value_name = "FILE.html")]
     report: Option<std::path::PathBuf>,
+    /// Kill the master that Sentinel names this many seconds into the run (one strategy
+    /// only: the old master stays down). The table's `200 lost` column then counts sales
+    /// answered 200 that the new master has no record of.
+    #[arg(long, value_name = "SECONDS", requires = "sentinel")]
+    failover_after: Option<f64>,
+    /// A sentinel (`host:port`) to ask for the master, for --failover-after.
+    #[arg(long, value_name = "HOST:PORT")]
+    sentinel: Option<String>,
+    /// The master's name at the sentinels.
+    #[arg(long, env = "REDIS_MASTER_NAME", default_value = "inventory")]
+    master_name: String,
     /// Bearer token for the stock reset, when the service has one.
     #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
@@ -115,6 +126,21 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
     }
     if let Some(duration) = duration {
         load = load.with_duration(duration);
+    }
+    if let (Some(after), Some(sentinel)) = (args.failover_after, args.sentinel) {
+        anyhow::ensure!(
+            after.is_finite() && after >= 0.0,
+            "--failover-after must be a number of seconds, not {after}"
+        );
+        anyhow::ensure!(
+            plan.strategies.len() == 1,
+            "--failover-after kills a master: give it one --strategy (the old master stays down)"
+        );
+        load = load.with_failover(loadtest::failover::Failover {
+            after: std::time::Duration::from_secs_f64(after),
+            sentinel,
+            master_name: args.master_name,
+        });
     }
     let interactive = !args.json && std::io::stderr().is_terminal();
     let mut reports = Vec::new();

@@ -4,13 +4,14 @@ use crate::StrategyReport;
 
 // Sales/s and requests/s apart: with a small stock most requests are quick refusals
 // (sold out), and their rate says nothing about how fast the lock sells.
-const HEADERS: [&str; 14] = [
-    "strategy", "sold", "sold out", "refused", "errors", "oversold", "lost", "dup", "split",
-    "sales/s", "req/s", "p50 ms", "p99 ms", "verdict",
+// "200 lost": sales answered 200 that the server no longer has (a failover lost them).
+const HEADERS: [&str; 15] = [
+    "strategy", "sold", "sold out", "refused", "errors", "oversold", "lost", "dup", "200 lost",
+    "split", "sales/s", "req/s", "p50 ms", "p99 ms", "verdict",
 ];
 
 pub fn render(reports: &[StrategyReport]) -> String {
-    let rows: Vec<[String; 14]> = reports.iter().map(row).collect();
+    let rows: Vec<[String; 15]> = reports.iter().map(row).collect();
     let mut widths = HEADERS.map(str::len);
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -23,7 +24,7 @@ pub fn render(reports: &[StrategyReport]) -> String {
             .zip(widths)
             .enumerate()
             .map(|(i, (c, w))| {
-                if i == 0 || i == 8 {
+                if i == 0 || i == 9 {
                     format!("{c:<w$}")
                 } else {
                     format!("{c:>w$}")
@@ -38,6 +39,15 @@ pub fn render(reports: &[StrategyReport]) -> String {
     ];
     out.extend(rows.iter().map(|r| line(r)));
     for report in reports {
+        if let (Some(killed), resumed) = (&report.failover, report.resumed_after_s) {
+            let resumed = resumed.map_or("no sale after it".into(), |s| {
+                format!("sales resumed {s} s later")
+            });
+            out.push(format!(
+                "failover: {}: master {} killed ({}) at {} s; {resumed}",
+                report.strategy, killed.master, killed.how, killed.at_s
+            ));
+        }
         if let Some(why) = &report.disagreement {
             out.push(format!("note: {}: {why}", report.strategy));
         }
@@ -45,7 +55,7 @@ pub fn render(reports: &[StrategyReport]) -> String {
     out.join("\n")
 }
 
-fn row(r: &StrategyReport) -> [String; 14] {
+fn row(r: &StrategyReport) -> [String; 15] {
     let split = r
         .instances
         .values()
@@ -61,6 +71,7 @@ fn row(r: &StrategyReport) -> [String; 14] {
         r.oversold.to_string(),
         r.lost_updates.to_string(),
         r.duplicates.to_string(),
+        r.lost_200.to_string(),
         if split.is_empty() { "-".into() } else { split },
         format!("{:.0}", r.sales_per_s),
         format!("{:.0}", r.throughput_rps),

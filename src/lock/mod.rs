@@ -248,6 +248,8 @@ pub struct Guard {
     fence: Option<u64>,
     waited: Duration,
     hold: Hold,
+    /// Taken again by its holder (`reenter`): its release counts a reentrant lock down.
+    nested: bool,
 }
 
 enum Hold {
@@ -400,6 +402,7 @@ impl Locks {
             fence,
             waited,
             hold,
+            nested,
         })
     }
 
@@ -410,6 +413,7 @@ impl Locks {
             strategy,
             owner,
             hold,
+            nested,
             ..
         } = guard;
         let released = match hold {
@@ -422,11 +426,38 @@ impl Locks {
                 // Stop renewing first: a renewal racing the release is harmless (it only
                 // extends a lease this owner still holds), but there is no point to it.
                 drop(renewal);
-                release_redis(&self.cx, lock, &owner).await?
+                match release_redis(&self.cx, lock, &owner).await {
+                    Ok(released) => released,
+                    Err(e) => {
+                        if !nested {
+                            self.release_later(strategy, lock, owner);
+                        }
+                        return Err(e);
+                    }
+                }
             }
         };
         tracing::debug!(event = crate::events::Event::LockReleased.name(), %strategy, %owner, ?released, "lock released");
         Ok(released)
+    }
+
+    /// A release that failed (the master died, say) is tried again in the background until
+    /// the lease would have ended anyway. Without it, a lock that reached a replica before
+    /// its master died would stay on the promoted replica, with its owner gone, for the
+    /// whole lease, and every sale would wait for it. Only an outermost owner-checked
+    /// release is retried, as running it twice is harmless: a blind `DEL` could free the
+    /// next holder's lock, and a nested reentrant release that landed once would count the
+    /// outer hold down too.
+    fn release_later(&self, strategy: Strategy, lock: RedisLock, owner: Arc<str>) {
+        if !strategy.info().release_checks_owner {
+            return;
+        }
+        retry_release(
+            self.cx.clone(),
+            lock,
+            owner.to_string(),
+            Duration::from_millis(50),
+        );
     }
 
     /// An acquire that too few replicas acknowledged could be lost with the master, and a
@@ -465,13 +496,30 @@ impl Locks {
         } else {
             RedisLock::LuaRelease
         };
-        let (cx, owner) = (self.cx.clone(), owner.to_owned());
-        tokio::spawn(async move {
-            if let Err(e) = release_redis(&cx, undo, &owner).await {
-                tracing::debug!(%owner, error = %e, "undoing an unanswered acquire failed; the lease ends it");
-            }
-        });
+        retry_release(self.cx.clone(), undo, owner.to_owned(), Duration::ZERO);
     }
+}
+
+/// Releases `owner`'s lock in the background, after `first` and then with a growing
+/// backoff, until it succeeds or the lease would have ended anyway.
+fn retry_release(cx: LockCx, lock: RedisLock, owner: String, first: Duration) {
+    tokio::spawn(async move {
+        let until = tokio::time::Instant::now() + cx.ttl;
+        let mut backoff = first;
+        while tokio::time::Instant::now() + backoff < until {
+            tokio::time::sleep(backoff).await;
+            match release_redis(&cx, lock, &owner).await {
+                Ok(released) => {
+                    tracing::info!(%owner, ?released, "lock released in the background");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(%owner, error = %e, "background release failed; trying again")
+                }
+            }
+            backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        }
+    });
 }
 
 /// Deletes a plain lock key and announces it, in one round trip: the release of the naive

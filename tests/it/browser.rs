@@ -177,7 +177,7 @@ async fn the_scenarios_page_shows_every_rows_picture_in_chromium() {
     let seen = outcome.expect("open the scenarios' page");
     let expected: Vec<String> = runs
         .iter()
-        .map(|r| format!("{}/{}", r.scenario, r.strategy))
+        .map(|r| format!("{}/{}", r.scenario, r.label()))
         .collect();
     let rows: Vec<String> = seen.iter().map(|s| s.0.clone()).collect();
     assert_eq!(rows, expected, "one section per row, in order");

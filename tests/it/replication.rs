@@ -16,9 +16,22 @@ const ACK_TIMEOUT_MS: u64 = 1_000;
 
 /// A master and a replica of it that has finished its first sync.
 async fn master_and_replica() -> (RedisServer, RedisServer) {
-    let master = RedisServer::start().await;
+    let (master, mut replicas) = master_and_replicas(1).await;
+    (master, replicas.remove(0))
+}
+
+/// A master and `n` replicas of it that have finished their first sync. A replica that
+/// resyncs after a failover is served at once (no diskless-sync delay).
+async fn master_and_replicas(n: usize) -> (RedisServer, Vec<RedisServer>) {
+    const NO_DELAY: [&str; 2] = ["--repl-diskless-sync-delay", "0"];
+    let master = RedisServer::start_with(&NO_DELAY).await;
     let port = master.port().to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await;
+    let mut replicas = Vec::new();
+    for _ in 0..n {
+        let mut args = vec!["--replicaof", "127.0.0.1", &port];
+        args.extend(NO_DELAY);
+        replicas.push(RedisServer::start_with(&args).await);
+    }
     let mut conn = master.conn().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -27,16 +40,16 @@ async fn master_and_replica() -> (RedisServer, RedisServer) {
             .query_async(&mut conn)
             .await
             .unwrap();
-        if info.contains("state=online") {
+        if info.matches("state=online").count() == n {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the replica never synced:\n{info}"
+            "the replicas never synced:\n{info}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    (master, replica)
+    (master, replicas)
 }
 
 async fn stock_on(redis: &RedisServer) -> Option<i64> {
@@ -168,9 +181,25 @@ async fn an_unreplicated_write_says_it_may_survive_and_a_retry_with_its_key_tell
 const MASTER_NAME: &str = "inventory";
 
 async fn sentinels_for(master: &RedisServer, timing: SentinelTiming) -> Vec<SentinelProcess> {
-    testkit::start_sentinels(MASTER_NAME, master.port(), 1, timing)
+    sentinels_watching(master, 1, timing).await
+}
+
+async fn sentinels_watching(
+    master: &RedisServer,
+    replicas: usize,
+    timing: SentinelTiming,
+) -> Vec<SentinelProcess> {
+    testkit::start_sentinels(MASTER_NAME, master.port(), replicas, timing)
         .await
         .unwrap()
+}
+
+fn sentinel_list(sentinels: &[SentinelProcess]) -> String {
+    sentinels
+        .iter()
+        .map(SentinelProcess::addr)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -178,11 +207,7 @@ async fn sales_follow_a_sentinel_failover_by_themselves_within_down_after_plus_f
     let (mut master, replica) = master_and_replica().await;
     let timing = SentinelTiming::default();
     let sentinels = sentinels_for(&master, timing).await;
-    let list = sentinels
-        .iter()
-        .map(SentinelProcess::addr)
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = sentinel_list(&sentinels);
     // REDIS_URL still names the master: the sentinels take precedence over it.
     let app = InstanceBuilder::new(&master, "app1")
         .env("REDIS_SENTINELS", &list)
@@ -242,6 +267,193 @@ async fn sales_follow_a_sentinel_failover_by_themselves_within_down_after_plus_f
     eprintln!(
         "sales resumed {recovered:?} after the master was killed ({} refused)",
         refused.len()
+    );
+}
+
+/// What a sale under load answered: its status, error code and order id.
+type Answer = (u16, String, Option<String>);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn under_load_a_killed_master_costs_no_sale_answered_200_when_one_replica_acknowledges_each()
+{
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let (mut master, _replicas) = master_and_replicas(2).await;
+    let timing = SentinelTiming::default();
+    let sentinels = sentinels_watching(&master, 2, timing).await;
+    let list = sentinel_list(&sentinels);
+    let mut apps = Vec::new();
+    for name in ["app1", "app2"] {
+        apps.push(Arc::new(
+            InstanceBuilder::new(&master, name)
+                .env("REDIS_SENTINELS", &list)
+                .env("REDIS_MASTER_NAME", MASTER_NAME)
+                .env("REDIS_TIMEOUT_MS", 300)
+                .env("REPLICA_ACKS", 1)
+                .env("REPLICA_ACK_TIMEOUT_MS", ACK_TIMEOUT_MS)
+                .start()
+                .await,
+        ));
+    }
+    apps[0].reset(1_000_000).await;
+
+    // Four sellers per instance, each recording when and what every sale answered.
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut sellers = Vec::new();
+    for i in 0..8 {
+        let (app, stop) = (apps[i % 2].clone(), stop.clone());
+        sellers.push(tokio::spawn(async move {
+            let mut answers: Vec<(Duration, Answer)> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let sale = app.sale("strategy=fenced").await;
+                let order = sale.body["order_id"].as_str().map(str::to_owned);
+                let code = sale.error_code().to_owned();
+                answers.push((started.elapsed(), (sale.status, code, order)));
+                if sale.status != 200 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            answers
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    master.stop().await;
+    let killed = started.elapsed();
+    let bound = timing.down_after + timing.failover_timeout + Duration::from_secs(2);
+    tokio::time::sleep(bound + Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for seller in sellers {
+        answers.extend(seller.await.unwrap());
+    }
+
+    let sold_before = answers
+        .iter()
+        .filter(|(at, a)| *at < killed && a.0 == 200)
+        .count();
+    assert!(sold_before > 0, "no load before the kill");
+    let recovered = answers
+        .iter()
+        .filter(|(at, a)| *at > killed && a.0 == 200)
+        .map(|(at, _)| *at - killed)
+        .min()
+        .unwrap_or_else(|| {
+            let log = apps[0].log();
+            let tail = &log[log.len().saturating_sub(6000)..];
+            panic!(
+                "no sale after the master's death; refused: {:?}\napp1's log:\n{tail}",
+                answers
+                    .iter()
+                    .filter(|(at, _)| *at > killed)
+                    .map(|(_, a)| &a.1)
+                    .collect::<std::collections::BTreeSet<_>>()
+            )
+        });
+    assert!(
+        recovered < bound,
+        "sales resumed {recovered:?} after the kill, beyond {bound:?}"
+    );
+    let refusals: Vec<&Answer> = answers
+        .iter()
+        .map(|(_, a)| a)
+        .filter(|a| a.0 != 200)
+        .collect();
+    // A write in flight when the master died was never confirmed: 504 `outcome_unknown`.
+    assert!(
+        refusals
+            .iter()
+            .all(|a| a.0 == 503 || (a.0, a.1.as_str()) == (504, "outcome_unknown")),
+        "only 503s while there is no master: {refusals:?}"
+    );
+
+    let port = testkit::master_port(&sentinels, MASTER_NAME)
+        .await
+        .expect("a sentinel names the new master");
+    let mut new_master = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let ledger: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(Keys::new("001").ledger)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut new_master)
+        .await
+        .unwrap();
+    let kept: std::collections::HashSet<String> = ledger
+        .into_iter()
+        .flat_map(|(_, fields)| fields)
+        .filter_map(|(_, entry)| serde_json::from_str::<serde_json::Value>(&entry).ok())
+        .filter_map(|entry| entry["order_id"].as_str().map(str::to_owned))
+        .collect();
+    let sold: Vec<&String> = answers
+        .iter()
+        .filter(|(_, a)| a.0 == 200)
+        .filter_map(|(_, a)| a.2.as_ref())
+        .collect();
+    let lost: Vec<&&String> = sold.iter().filter(|id| !kept.contains(**id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} sales answered 200 are not in the new master's ledger: {lost:?}",
+        lost.len(),
+        sold.len()
+    );
+    eprintln!(
+        "{} sales answered 200 ({sold_before} before the kill), all in the new master's ledger; \
+         sales resumed {recovered:?} after the kill; {} refused meanwhile",
+        sold.len(),
+        refusals.len()
+    );
+}
+
+/// `loadtest --failover-after` through nginx on the sentinel topology: with one replica
+/// acknowledging each write, no sale answered 200 goes missing, and sales resume by
+/// themselves within the failover's bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_load_test_through_nginx_loses_no_sale_answered_200_across_a_failover_with_one_ack() {
+    use loadtest::failover::{Failover, MASTER_NAME, SentinelTopology};
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_inventory"));
+    let topology = SentinelTopology::start(bin, &[("REPLICA_ACKS", "1".into())])
+        .await
+        .unwrap();
+    let plan = loadtest::Plan {
+        target: topology.nginx.url(),
+        strategies: vec!["fenced".parse().unwrap()],
+        stock: 1_000_000_000,
+        requests: 1,
+        concurrency: 16,
+        work_ms: 0,
+        admin_token: None,
+    };
+    let load = loadtest::LoadTest::new(plan)
+        .unwrap()
+        .with_duration(Duration::from_secs(7))
+        .with_failover(Failover {
+            after: Duration::from_millis(1500),
+            sentinel: topology.sentinel(),
+            master_name: MASTER_NAME.into(),
+        });
+    let report = load
+        .run_strategy("fenced".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let killed = report.failover.clone().expect("the master was killed");
+    assert_eq!(killed.how, "SIGKILL", "{killed:?}");
+    assert_eq!(report.lost_200, 0, "{report:#?}");
+    assert_eq!(report.verdict, loadtest::Verdict::Safe, "{report:#?}");
+    let timing = SentinelTiming::default();
+    let bound = timing.down_after + timing.failover_timeout + Duration::from_secs(2);
+    let resumed = report.resumed_after_s.expect("sales resumed");
+    assert!(
+        resumed < bound.as_secs_f64(),
+        "sales resumed {resumed} s after the kill, beyond {bound:?}: {report:#?}"
+    );
+    eprintln!(
+        "{} sold, none lost; sales resumed {resumed} s after the kill",
+        report.sold
     );
 }
 

@@ -1,0 +1,98 @@
+//! `make failover-table`: the load test through nginx on the `sentinel` topology (a master,
+//! two replicas, three sentinels, two instances), with the master killed part-way, for each
+//! strategy and `REPLICA_ACKS` setting; each row on a topology of its own. Prints how many
+//! sales were answered 200 and then lost with the old master.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use inventory::lock::Strategy;
+use loadtest::failover::{Failover, SentinelTopology};
+use loadtest::{LoadTest, Plan};
+
+#[derive(Debug, Parser)]
+#[command(name = "failover-table", version, about)]
+struct Args {
+    /// Strategies (comma-separated).
+    #[arg(
+        long,
+        default_value = "fenced,lua-release,atomic",
+        value_delimiter = ','
+    )]
+    strategy: Vec<Strategy>,
+    /// `REPLICA_ACKS` values (comma-separated).
+    #[arg(long, default_value = "0,1", value_delimiter = ',')]
+    acks: Vec<u32>,
+    /// Seconds of selling per row.
+    #[arg(long, default_value_t = 8.0)]
+    duration: f64,
+    /// Seconds into each row at which the master is killed.
+    #[arg(long, default_value_t = 2.0)]
+    failover_after: f64,
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// The `inventory` binary (default: the one next to this executable).
+    #[arg(long, env = "INVENTORY_BIN")]
+    inventory_bin: Option<std::path::PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("failover-table: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.duration > args.failover_after && args.failover_after >= 0.0,
+        "--failover-after must fall within --duration"
+    );
+    let bin = match args.inventory_bin {
+        Some(path) => path,
+        None => testkit::inventory_binary()?,
+    };
+    println!(
+        "| strategy | REPLICA_ACKS | sold (200) | 200 lost | sales resumed after | errors | sales/s | verdict |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for &strategy in &args.strategy {
+        for &acks in &args.acks {
+            let topology =
+                SentinelTopology::start(&bin, &[("REPLICA_ACKS", acks.to_string())]).await?;
+            let plan = Plan {
+                target: topology.nginx.url(),
+                strategies: vec![strategy],
+                stock: 1_000_000_000,
+                requests: 1,
+                concurrency: args.concurrency,
+                work_ms: 0,
+                admin_token: None,
+            };
+            let load = LoadTest::new(plan)?
+                .with_duration(Duration::from_secs_f64(args.duration))
+                .with_failover(Failover {
+                    after: Duration::from_secs_f64(args.failover_after),
+                    sentinel: topology.sentinel(),
+                    master_name: loadtest::failover::MASTER_NAME.into(),
+                });
+            let r = load.run_strategy(strategy, None).await?;
+            println!(
+                "| {strategy} | {acks} | {} | {} | {} | {} | {:.0} | {} |",
+                r.sold,
+                r.lost_200,
+                r.resumed_after_s
+                    .map_or("never".into(), |s| format!("{s:.2} s")),
+                r.errors,
+                r.sales_per_s,
+                r.verdict
+            );
+        }
+    }
+    Ok(())
+}
