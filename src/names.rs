@@ -21,8 +21,12 @@ const RESERVED_ITEM_IDS: [&str; 2] = ["sale", "audit"];
 /// `ITEM_ID` share it.
 pub const ITEM_ID_RULE: &str = "1 to 32 ASCII letters, digits, '-' or '_' (pattern ^[A-Za-z0-9_-]{1,32}$), not \"sale\" or \"audit\"";
 
-/// The OpenAPI pattern of an item id (the reserved names aside).
+/// The pattern of an item id, the reserved names aside (as refusals quote it).
 pub const ITEM_ID_PATTERN: &str = "^[A-Za-z0-9_-]{1,32}$";
+
+/// The same rule as one ECMA-262 regular expression, for the OpenAPI document, where
+/// clients and fuzzers read it: a lookahead refuses the reserved names.
+pub const ITEM_ID_SCHEMA_PATTERN: &str = "^(?!(?:sale|audit)$)[A-Za-z0-9_-]{1,32}$";
 
 /// Checks an item id, for `ITEM_ID` and for `/inventory/{item}` alike. Ids go into a hash
 /// tag (`inventory:{item}:stock`), so `{`, `}` and `:` must never get in: one of them could

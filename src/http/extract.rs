@@ -23,7 +23,7 @@ pub struct ItemPath {
     /// Item id: 1 to 32 ASCII letters, digits, `-` or `_`, not `sale` or `audit`. The
     /// instance's `ITEM_ID` (default `001`) is the item of the paths without `{item}`.
     #[param(
-        pattern = "^[A-Za-z0-9_-]{1,32}$",
+        pattern = "^(?!(?:sale|audit)$)[A-Za-z0-9_-]{1,32}$",
         min_length = 1,
         max_length = 32,
         example = "001"

@@ -337,7 +337,12 @@ fn head_never_sells() -> Response {
     get,
     path = "/inventory",
     tag = TAG_INVENTORY,
-    responses(InventoryResponses)
+    responses(
+        (status = 200, description = "Stock now, stock at the last reset, sales recorded", body = Inventory),
+        (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody,
+            example = json!({"error": "unknown_item", "message": "item 002 has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory/002"})),
+        (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
+    )
 )]
 async fn get_inventory(State(app): State<Arc<AppState>>) -> Result<Json<Inventory>, ApiError> {
     show(&app, app.seller.items.default_id()).await
@@ -350,7 +355,10 @@ async fn get_inventory(State(app): State<Arc<AppState>>) -> Result<Json<Inventor
     tag = TAG_INVENTORY,
     params(ItemPath),
     responses(
-        InventoryResponses,
+        (status = 200, description = "Stock now, stock at the last reset, sales recorded", body = Inventory),
+        (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody,
+            example = json!({"error": "unknown_item", "message": "item 002 has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory/002"})),
+        (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
         (status = 400, description = "Malformed item id; the message names the valid format", body = ErrorBody,
             example = json!({"error": "bad_request", "message": "invalid item id \"a:b\": use 1 to 32 ASCII letters, digits, '-' or '_' (pattern ^[A-Za-z0-9_-]{1,32}$), not \"sale\" or \"audit\""})),
     )
@@ -367,22 +375,6 @@ async fn show(app: &AppState, item: &str) -> Result<Json<Inventory>, ApiError> {
     Ok(Json(
         inventory.ok_or_else(|| ApiError::UnknownItem(item.to_owned()))?,
     ))
-}
-
-/// What `GET /inventory` can answer. Never built: documentation only.
-#[derive(IntoResponses)]
-#[allow(dead_code)]
-enum InventoryResponses {
-    /// Stock now, stock at the last reset, sales recorded
-    #[response(status = 200)]
-    Stock(#[to_schema] Inventory),
-    /// The item was never stocked, or Redis lost its data (`unknown_item`)
-    #[response(status = 404, example = json!({"error": "unknown_item",
-        "message": "item 002 has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory/002"}))]
-    UnknownItem(ErrorBody),
-    /// Redis did not answer, or refused the service's credentials
-    #[response(status = 503)]
-    Unavailable(ErrorBody),
 }
 
 /// A reset of the item.
@@ -421,7 +413,15 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error>
     tag = TAG_INVENTORY,
     request_body = ResetRequest,
     security((), ("admin_token" = [])),
-    responses(ResetResponses)
+    responses(
+        (status = 200, description = "The item after the reset", body = Inventory),
+        (status = 400, description = "Stock missing, not a number, or out of range; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
+            example = json!({"error": "bad_request", "message": "stock must be between 0 and 1000000000, got -1"})),
+        (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
+        (status = 401, description = "Wrong or missing admin token", body = ErrorBody,
+            example = json!({"error": "unauthorized", "message": "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`"})),
+        (status = 503, description = "Redis did not answer", body = ErrorBody),
+    )
 )]
 async fn reset_inventory(
     admin: Admin,
@@ -444,7 +444,15 @@ async fn reset_inventory(
     params(ItemPath),
     request_body = ResetRequest,
     security((), ("admin_token" = [])),
-    responses(ResetResponses)
+    responses(
+        (status = 200, description = "The item after the reset", body = Inventory),
+        (status = 400, description = "Stock missing, not a number, or out of range; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
+            example = json!({"error": "bad_request", "message": "stock must be between 0 and 1000000000, got -1"})),
+        (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
+        (status = 401, description = "Wrong or missing admin token", body = ErrorBody,
+            example = json!({"error": "unauthorized", "message": "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`"})),
+        (status = 503, description = "Redis did not answer", body = ErrorBody),
+    )
 )]
 async fn reset_item(
     admin: Admin,
@@ -478,28 +486,6 @@ async fn restock(
     ))?))
 }
 
-/// What a reset can answer. Never built: documentation only.
-#[derive(IntoResponses)]
-#[allow(dead_code)]
-enum ResetResponses {
-    /// The item after the reset
-    #[response(status = 200)]
-    Stocked(#[to_schema] Inventory),
-    /// Stock missing, not a number, or out of range; or (`/inventory/{item}`) a malformed
-    /// item id; the message names the valid values
-    #[response(status = 400, example = json!({"error": "bad_request", "message": "stock must be between 0 and 1000000000, got -1"}))]
-    BadRequest(ErrorBody),
-    /// Wrong or missing admin token
-    #[response(status = 401, example = json!({"error": "unauthorized", "message": "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`"}))]
-    Unauthorized(ErrorBody),
-    /// Body larger than 16 KiB
-    #[response(status = 413)]
-    PayloadTooLarge(ErrorBody),
-    /// Redis did not answer
-    #[response(status = 503)]
-    Unavailable(ErrorBody),
-}
-
 /// Audit the sales
 ///
 /// Compares the sales recorded with the stock of the default item (`ITEM_ID`): items
@@ -510,7 +496,11 @@ enum ResetResponses {
     get,
     path = "/inventory/audit",
     tag = TAG_INVENTORY,
-    responses(AuditResponses)
+    responses(
+        (status = 200, description = "The ledger against the stock", body = Audit),
+        (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody),
+        (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
+    )
 )]
 async fn audit(State(app): State<Arc<AppState>>) -> Result<Json<Audit>, ApiError> {
     audit_of(&app, app.seller.items.default_id()).await
@@ -525,7 +515,9 @@ async fn audit(State(app): State<Arc<AppState>>) -> Result<Json<Audit>, ApiError
     tag = TAG_INVENTORY,
     params(ItemPath),
     responses(
-        AuditResponses,
+        (status = 200, description = "The ledger against the stock", body = Audit),
+        (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody),
+        (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
         (status = 400, description = "Malformed item id; the message names the valid format", body = ErrorBody),
     )
 )]
@@ -541,19 +533,4 @@ async fn audit_of(app: &AppState, item: &str) -> Result<Json<Audit>, ApiError> {
     Ok(Json(
         audit.ok_or_else(|| ApiError::UnknownItem(item.to_owned()))?,
     ))
-}
-
-/// What an audit can answer. Never built: documentation only.
-#[derive(IntoResponses)]
-#[allow(dead_code)]
-enum AuditResponses {
-    /// The ledger against the stock
-    #[response(status = 200)]
-    Audited(#[to_schema] Audit),
-    /// The item was never stocked, or Redis lost its data (`unknown_item`)
-    #[response(status = 404)]
-    UnknownItem(ErrorBody),
-    /// Redis did not answer, or refused the service's credentials
-    #[response(status = 503)]
-    Unavailable(ErrorBody),
 }

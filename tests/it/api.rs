@@ -316,7 +316,7 @@ async fn the_openapi_document_lists_every_route_and_describes_every_response() {
         assert_eq!(item["in"], "path");
         assert_eq!(
             item["schema"]["pattern"],
-            inventory::names::ITEM_ID_PATTERN,
+            inventory::names::ITEM_ID_SCHEMA_PATTERN,
             "{method} {path}"
         );
         assert!(op["responses"]["400"].is_object(), "{method} {path}: 400");
