@@ -205,3 +205,54 @@ async fn sweep(
         drop(dropped);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::wait::WaitMode;
+
+    /// Nothing here talks to Redis: a store connects on its first call.
+    fn items(idle: Duration) -> Items {
+        let metrics = Arc::new(Metrics::default());
+        let store = Store::new(
+            "redis://127.0.0.1:1",
+            "001",
+            Duration::from_secs(1),
+            metrics,
+        )
+        .expect("a valid URL");
+        let locks = Locks::new(
+            store,
+            Duration::from_secs(5),
+            WaitMode::Pubsub,
+            Duration::ZERO,
+        );
+        Items::new(locks, idle)
+    }
+
+    #[tokio::test]
+    async fn an_item_held_by_a_sale_stays_and_an_idle_one_goes() {
+        let items = items(Duration::from_millis(100));
+        let held = items.get("held");
+        drop(items.get("idle"));
+        assert_eq!(items.live(), 2);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(items.live(), 1, "the idle item went, the held one stayed");
+        assert!(Arc::ptr_eq(&held, &items.get("held")), "the same machinery");
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(items.live(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_default_item_is_never_in_the_map_and_never_dropped() {
+        let items = items(Duration::from_millis(10));
+        let default = items.get("001");
+        assert!(Arc::ptr_eq(&default, items.default_item()));
+        assert_eq!(items.live(), 0);
+        drop(default);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(items.get("001").id(), "001");
+        assert_eq!(items.store("sku-1").keys.stock, "inventory:{sku-1}:stock");
+    }
+}
