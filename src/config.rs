@@ -106,9 +106,18 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub header_timeout_ms: u64,
 
-    /// Item whose stock is sold (letters, digits, `-` and `_`; at most 32).
+    /// The default item: the one the paths without `{item}` sell (`/inventory/sale`); the
+    /// same rule as `/inventory/{item}` (1 to 32 letters, digits, `-` or `_`, not `sale`
+    /// or `audit`).
     #[arg(long, env = "ITEM_ID", default_value = "001", value_parser = parse_item_id)]
     pub item_id: String,
+
+    /// How long the lock machinery of an item other than `ITEM_ID` (its waiters'
+    /// connection or subscription, its local mutex) is kept after its last sale, in
+    /// milliseconds; the next sale of the item builds it again.
+    #[arg(long, env = "ITEM_IDLE_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
+    pub item_idle_ms: u64,
 
     /// Bound on every Redis call in milliseconds; past it a sale answers 503.
     #[arg(long, env = "REDIS_TIMEOUT_MS", default_value_t = 1_000,
@@ -200,6 +209,10 @@ impl Config {
 
     pub fn lock_ttl(&self) -> Duration {
         Duration::from_millis(self.lock_ttl_ms)
+    }
+
+    pub fn item_idle(&self) -> Duration {
+        Duration::from_millis(self.item_idle_ms)
     }
 
     pub fn lock_wait(&self) -> Duration {
@@ -300,14 +313,9 @@ fn parse_strategy(name: &str) -> Result<Strategy, String> {
     name.parse()
 }
 
+/// The one rule for item ids, shared with the API's `/inventory/{item}`.
 pub fn parse_item_id(id: &str) -> Result<String, String> {
-    if crate::names::is_token(id, 32, b"-_") {
-        Ok(id.to_owned())
-    } else {
-        Err(format!(
-            "invalid item id {id:?}: use 1 to 32 letters, digits, '-' or '_'"
-        ))
-    }
+    crate::names::parse_item_id(id)
 }
 
 fn hostname() -> String {
@@ -374,6 +382,7 @@ mod tests {
         assert_eq!(default("lock_wait_ms"), "10000");
         assert_eq!(default("lock_wait"), "notify");
         assert_eq!(default("item_id"), "001");
+        assert_eq!(default("item_idle_ms"), "30000");
         assert_eq!(default("redis_connection"), "multiplexed");
         assert_eq!(default("redis_pool_size"), "64");
         assert_eq!(default("redis_pool_wait_ms"), "200");

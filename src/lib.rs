@@ -13,6 +13,8 @@
 //! - [`store`]: key names, the Lua scripts of `lua/`, stock, ledger and audit.
 //! - [`lock`]: one file per strategy, in history order, and what they share: waiting
 //!   for a held lock ([`lock::wait`]) and renewing a lease ([`lock::renewal`]).
+//! - [`items`]: many items: each item's lock machinery, the default item's for good and
+//!   every other's while it is being sold.
 //! - [`sale`]: the one sale flow: lock, read, work, write, release.
 //! - [`idempotency`]: `Idempotency-Key` (its key type, its claim, what a retry finds), so
 //!   that a retried sale never sells twice.
@@ -25,6 +27,7 @@ pub mod config;
 pub mod events;
 pub mod http;
 pub mod idempotency;
+pub mod items;
 pub mod lock;
 pub mod metrics;
 pub mod names;

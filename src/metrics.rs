@@ -179,6 +179,8 @@ pub struct Metrics {
     locks_lost: AtomicU64,
     fence_refusals: AtomicU64,
     redis_errors: AtomicU64,
+    /// Items other than `ITEM_ID` whose lock machinery is built now.
+    items_live: AtomicU64,
 }
 
 fn index(strategy: Strategy) -> usize {
@@ -195,6 +197,11 @@ impl Metrics {
         if outcome == Outcome::StaleFence {
             self.fence_refusals.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// How many items other than `ITEM_ID` have their lock machinery built now.
+    pub fn items_live(&self, n: usize) {
+        self.items_live.store(n as u64, Ordering::Relaxed);
     }
 
     pub fn lock_wait(&self, strategy: Strategy, waited: Duration) {
@@ -325,6 +332,14 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{strategy=\"{strategy}\"}} {value}");
             }
         }
+
+        let _ = writeln!(
+            out,
+            "# HELP inventory_items_live Items other than ITEM_ID whose lock machinery \
+             (listeners, local mutex) is built now; an item idle for ITEM_IDLE_MS is dropped.\n\
+             # TYPE inventory_items_live gauge\ninventory_items_live {}",
+            load(&self.items_live)
+        );
 
         let gauges = self
             .pool

@@ -9,3 +9,53 @@ pub fn is_token(s: &str, max_len: usize, punctuation: &[u8]) -> bool {
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || punctuation.contains(&b))
 }
+
+/// Longest item id: short enough to keep every key name of the item small.
+pub const ITEM_ID_MAX: usize = 32;
+
+/// Path segments next to `/inventory/{item}` that would make an item of that name
+/// unreachable at `/inventory/{item}` (`GET /inventory/sale` is a sale).
+const RESERVED_ITEM_IDS: [&str; 2] = ["sale", "audit"];
+
+/// What an item id may be, in the words of every refusal; the API's path parameter and
+/// `ITEM_ID` share it.
+pub const ITEM_ID_RULE: &str = "1 to 32 ASCII letters, digits, '-' or '_' (pattern ^[A-Za-z0-9_-]{1,32}$), not \"sale\" or \"audit\"";
+
+/// The pattern of an item id, the reserved names aside (as refusals quote it).
+pub const ITEM_ID_PATTERN: &str = "^[A-Za-z0-9_-]{1,32}$";
+
+/// The same rule as one ECMA-262 regular expression, for the OpenAPI document, where
+/// clients and fuzzers read it: a lookahead refuses the reserved names.
+pub const ITEM_ID_SCHEMA_PATTERN: &str = "^(?!(?:sale|audit)$)[A-Za-z0-9_-]{1,32}$";
+
+/// Checks an item id, for `ITEM_ID` and for `/inventory/{item}` alike. Ids go into a hash
+/// tag (`inventory:{item}:stock`), so `{`, `}` and `:` must never get in: one of them could
+/// move an item's keys to different slots or make two items share keys.
+pub fn parse_item_id(id: &str) -> Result<String, String> {
+    if is_token(id, ITEM_ID_MAX, b"-_") && !RESERVED_ITEM_IDS.contains(&id) {
+        Ok(id.to_owned())
+    } else {
+        // Debug formatting escapes control characters: the refusal never echoes them raw.
+        let shown: String = format!("{id:?}").chars().take(80).collect();
+        Err(format!("invalid item id {shown}: use {ITEM_ID_RULE}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn item_ids_that_could_escape_their_key_or_shadow_a_route_are_refused() {
+        for good in ["001", "sku_9-b", "A", &"z".repeat(ITEM_ID_MAX)] {
+            assert_eq!(parse_item_id(good).as_deref(), Ok(good));
+        }
+        let too_long = "9".repeat(ITEM_ID_MAX + 1);
+        for bad in [
+            "", "a}b", "{x}", "a:b", "a b", "x{1}", "é", "a/b", "a.b", "sale", "audit", &too_long,
+        ] {
+            let refusal = parse_item_id(bad).expect_err(bad);
+            assert!(refusal.contains("^[A-Za-z0-9_-]{1,32}$"), "{refusal}");
+        }
+    }
+}

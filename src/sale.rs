@@ -12,7 +12,8 @@ use utoipa::ToSchema;
 
 use crate::idempotency;
 use crate::idempotency::{Claim, Next, Prior, SoldEntry};
-use crate::lock::{Guard, LockError, Locks, atomic_sell, optimistic};
+use crate::items::{Item, Items};
+use crate::lock::{Guard, LockError, atomic_sell, optimistic};
 use crate::metrics::Outcome;
 use crate::store::{Entry, LockKind, Recorded, StockRead, Store};
 use crate::strategy::Strategy;
@@ -164,8 +165,8 @@ pub struct Completed {
 /// Everything a sale needs; cheap to share between requests.
 pub struct Seller {
     pub instance: String,
-    pub store: Store,
-    pub locks: Locks,
+    /// Every item's lock machinery (and through it, its store).
+    pub items: Items,
     pub wait_budget: Duration,
     /// How long the outcome of a sale with an `Idempotency-Key` stays replayable.
     pub idempotency_keep: Duration,
@@ -190,19 +191,60 @@ impl SaleAttempt {
 }
 
 impl Seller {
+    /// The default item's store: the server every item lives on, and the metrics.
+    pub fn store(&self) -> &Store {
+        self.items.default_item().store()
+    }
+
+    /// The independent lock nodes of quorum strategies (empty without `LOCK_NODES`).
+    pub fn nodes(&self) -> &[Store] {
+        self.items.default_item().locks.nodes()
+    }
+
+    /// Sells one of item `id` (a valid id): [`Seller::sell`] on its machinery, built only if
+    /// the item has stock.
+    pub async fn sell_item(
+        &self,
+        id: &str,
+        request: SaleRequest,
+        idempotency_key: Option<&idempotency::Key>,
+    ) -> Result<Completed, SaleError> {
+        match self.items.stocked(id).await? {
+            Some(item) => self.sell(&item, request, idempotency_key).await,
+            None => {
+                self.store()
+                    .metrics()
+                    .sale(request.strategy, Outcome::UnknownItem);
+                Err(SaleError::UnknownItem)
+            }
+        }
+    }
+
     /// Sells one item. With an idempotency key, a repeated request replays the first
     /// outcome instead of selling again.
     pub async fn sell(
         &self,
+        item: &Item,
         request: SaleRequest,
         idempotency_key: Option<&idempotency::Key>,
     ) -> Result<Completed, SaleError> {
+        if item.needs_stock_check() {
+            // Before anything is written for the sale: an item nobody stocked gets no lock
+            // key, no fencing counter and no idempotency key.
+            if !item.store().is_stocked().await? {
+                item.store()
+                    .metrics()
+                    .sale(request.strategy, Outcome::UnknownItem);
+                return Err(SaleError::UnknownItem);
+            }
+            item.set_stocked(true);
+        }
         let order_id = uuid::Uuid::new_v4().to_string();
         let claim = match idempotency_key {
             None => None,
-            Some(key) => match self.claim(key, &order_id, request).await? {
+            Some(key) => match self.claim(item, key, &order_id, request).await? {
                 Next::Proceed(claim) => Some(claim),
-                Next::Replay(prior) => return self.replay(request.strategy, prior),
+                Next::Replay(prior) => return self.replay(item, request.strategy, prior),
             },
         };
         let attempt = SaleAttempt {
@@ -211,14 +253,18 @@ impl Seller {
             claim,
         };
         let outcome = match request.strategy {
-            Strategy::Atomic => self.sell_atomic(&attempt).await,
-            Strategy::Optimistic => self.sell_optimistic(&attempt).await,
-            _ => self.sell_locked(&attempt).await,
+            Strategy::Atomic => self.sell_atomic(item, &attempt).await,
+            Strategy::Optimistic => self.sell_optimistic(item, &attempt).await,
+            _ => self.sell_locked(item, &attempt).await,
         };
         if let (Some(claim), Err(e)) = (&attempt.claim, &outcome) {
-            self.settle(claim, e).await;
+            self.settle(item.store(), claim, e).await;
         }
-        let metrics = self.store.metrics();
+        if let Err(SaleError::UnknownItem) = &outcome {
+            // Redis lost the item's data: the next sale looks again before it writes.
+            item.set_stocked(false);
+        }
+        let metrics = item.store().metrics();
         match &outcome {
             Ok(_) => metrics.sale(request.strategy, Outcome::Sold),
             Err(e) => {
@@ -235,26 +281,33 @@ impl Seller {
     /// Claims the key for this attempt, or returns what an earlier attempt left there.
     async fn claim(
         &self,
+        item: &Item,
         key: &idempotency::Key,
         order_id: &str,
         request: SaleRequest,
     ) -> Result<Next, SaleError> {
-        let redis_key = self.store.keys.idempotency(key.as_str());
+        let store = item.store();
+        let redis_key = store.keys.idempotency(key.as_str());
         let claim = Claim::new(redis_key, order_id, self.idempotency_keep);
         let pending_for = self.wait_budget + request.work + idempotency::PENDING_MARGIN;
-        match self.store.claim(claim.clone(), pending_for).await {
+        match store.claim(claim.clone(), pending_for).await {
             Ok(next) => Ok(next),
             Err(e) => {
                 // The claim may sit queued in a Redis that stopped answering, and would then
                 // answer every retry "in progress" until it expires. Nothing was sold under
                 // it, so it is freed as soon as Redis answers again.
-                self.resolve_unknown(&claim);
+                self.resolve_unknown(store, &claim);
                 Err(e.into())
             }
         }
     }
 
-    fn replay(&self, strategy: Strategy, prior: Prior) -> Result<Completed, SaleError> {
+    fn replay(
+        &self,
+        item: &Item,
+        strategy: Strategy,
+        prior: Prior,
+    ) -> Result<Completed, SaleError> {
         let outcome = match prior {
             Prior::Sold(entry) => {
                 return Ok(Completed {
@@ -265,14 +318,14 @@ impl Seller {
             Prior::SoldOut => SaleError::SoldOut,
             Prior::InProgress => SaleError::InProgress,
         };
-        self.store.metrics().sale(strategy, outcome.outcome());
+        item.store().metrics().sale(strategy, outcome.outcome());
         Err(outcome)
     }
 
     /// Keeps a final `sold_out` for replays; frees the key after a failure that sold nothing
     /// for certain, so a retry sells; leaves it pending when the write may have landed (it
     /// then replaces the claim with the sale itself).
-    async fn settle(&self, claim: &Claim, error: &SaleError) {
+    async fn settle(&self, store: &Store, claim: &Claim, error: &SaleError) {
         let keep = match error {
             SaleError::SoldOut => Some(idempotency::SOLD_OUT),
             SaleError::LockTimeout { .. }
@@ -287,9 +340,9 @@ impl Seller {
             // replays it if the write survives, and sells afresh if a failover lost both.
             SaleError::NotReplicated { written: true, .. } => return,
             SaleError::InProgress => return,
-            SaleError::OutcomeUnknown(_) => return self.resolve_unknown(claim),
+            SaleError::OutcomeUnknown(_) => return self.resolve_unknown(store, claim),
         };
-        if let Err(e) = self.store.settle(claim, keep).await {
+        if let Err(e) = store.settle(claim, keep).await {
             tracing::warn!(error = %e, "could not settle an idempotency key; it expires on its own");
         }
     }
@@ -299,8 +352,8 @@ impl Seller {
     /// once the claim is freed a late write is refused; and a write that landed first has
     /// replaced the claim with its sale, which the settle leaves alone. Either way the key
     /// soon tells a retry the truth, instead of "in progress" until the claim expires.
-    fn resolve_unknown(&self, claim: &Claim) {
-        let (store, claim) = (self.store.clone(), claim.clone());
+    fn resolve_unknown(&self, store: &Store, claim: &Claim) {
+        let (store, claim) = (store.clone(), claim.clone());
         let give_up = Instant::now() + self.wait_budget + idempotency::PENDING_MARGIN;
         tokio::spawn(async move {
             while Instant::now() < give_up {
@@ -312,19 +365,21 @@ impl Seller {
         });
     }
 
-    async fn sell_atomic(&self, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
+    async fn sell_atomic(&self, item: &Item, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
         work(attempt.request.work).await;
-        let recorded = atomic_sell(&self.store, &attempt.entry(&self.instance))
+        let recorded = atomic_sell(item.store(), &attempt.entry(&self.instance))
             .await
             .map_err(after_write)?;
-        self.recorded(attempt, recorded, None, Duration::ZERO)
+        self.recorded(item, attempt, recorded, None, Duration::ZERO)
     }
 
-    async fn sell_optimistic(&self, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
+    async fn sell_optimistic(&self, item: &Item, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
         let deadline = Instant::now() + self.wait_budget;
         let entry = attempt.entry(&self.instance);
-        match optimistic::sell(&self.store, &entry, attempt.request.work, deadline).await {
-            Ok((recorded, _attempts)) => self.recorded(attempt, recorded, None, Duration::ZERO),
+        match optimistic::sell(item.store(), &entry, attempt.request.work, deadline).await {
+            Ok((recorded, _attempts)) => {
+                self.recorded(item, attempt, recorded, None, Duration::ZERO)
+            }
             Err(optimistic::Failure::Contention { attempts, waited }) => {
                 Err(SaleError::TooMuchContention { attempts, waited })
             }
@@ -333,37 +388,37 @@ impl Seller {
         }
     }
 
-    async fn sell_locked(&self, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
+    async fn sell_locked(&self, item: &Item, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
         // Per request, never per thread: tokio moves a sale between threads at every await.
         let owner: Arc<str> = format!("{}:{}", self.instance, attempt.order_id).into();
         let deadline = Instant::now() + self.wait_budget;
         let strategy = attempt.request.strategy;
-        let guard = self
-            .locks
-            .acquire(strategy, &owner, deadline, false)
-            .await?;
+        let locks = &item.locks;
+        let guard = locks.acquire(strategy, &owner, deadline, false).await?;
         let outcome = if attempt.request.reenter {
             // The nested acquisition that non-reentrant locks cannot survive.
-            match self.locks.acquire(strategy, &owner, deadline, true).await {
+            match locks.acquire(strategy, &owner, deadline, true).await {
                 Ok(inner) => {
-                    let outcome = self.read_work_write(&guard, attempt).await;
-                    self.release(inner).await;
+                    let outcome = self.read_work_write(item, &guard, attempt).await;
+                    self.release(item, inner).await;
                     outcome
                 }
                 Err(e) => Err(e.into()),
             }
         } else {
-            self.read_work_write(&guard, attempt).await
+            self.read_work_write(item, &guard, attempt).await
         };
-        self.release(guard).await;
+        self.release(item, guard).await;
         outcome
     }
 
     async fn read_work_write(
         &self,
+        item: &Item,
         guard: &Guard,
         attempt: &SaleAttempt,
     ) -> Result<Sold, SaleError> {
+        let store = item.store();
         let order_id = &attempt.order_id;
         let fence = guard.fence();
         let kind = if attempt.request.strategy.info().quorum {
@@ -371,7 +426,7 @@ impl Seller {
         } else {
             LockKind::SingleNode
         };
-        let (stock, seen) = match self.store.read_for_sale(kind, fence).await? {
+        let (stock, seen) = match store.read_for_sale(kind, fence).await? {
             StockRead::Current { stock, seen } => (stock, seen),
             StockRead::Stale { newest } => {
                 return Err(SaleError::StaleFence {
@@ -389,16 +444,16 @@ impl Seller {
         if guard.is_lost() {
             return Err(SaleError::LockLost);
         }
-        let recorded = self
-            .store
+        let recorded = store
             .record_sale(stock - 1, &attempt.entry(&self.instance), fence, seen)
             .await
             .map_err(after_write)?;
-        self.recorded(attempt, recorded, fence, guard.waited())
+        self.recorded(item, attempt, recorded, fence, guard.waited())
     }
 
     fn recorded(
         &self,
+        item: &Item,
         attempt: &SaleAttempt,
         recorded: Recorded,
         fence: Option<u64>,
@@ -429,7 +484,7 @@ impl Seller {
                 tracing::warn!(event = crate::events::Event::SaleWritten.name(), order_id = %attempt.order_id, remaining, fence, acked, "sale written, but not acknowledged by enough replicas");
                 Err(SaleError::NotReplicated {
                     acked,
-                    wanted: self.store.replication().acks,
+                    wanted: item.store().replication().acks,
                     written: true,
                 })
             }
@@ -438,8 +493,8 @@ impl Seller {
 
     /// A failed release is logged, not returned: the sale's outcome is already decided and
     /// the lease (where there is one) frees the lock.
-    async fn release(&self, guard: Guard) {
-        if let Err(e) = self.locks.release(guard).await {
+    async fn release(&self, item: &Item, guard: Guard) {
+        if let Err(e) = item.locks.release(guard).await {
             tracing::warn!(error = %e, "lock release failed; the lock is freed when its lease ends");
         }
     }

@@ -14,6 +14,7 @@ use tokio_io_timeout::TimeoutStream;
 
 use crate::config::Config;
 use crate::http::{self, AppState};
+use crate::items::Items;
 use crate::lock::Locks;
 use crate::metrics::Metrics;
 use crate::sale::Seller;
@@ -44,19 +45,19 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
     .and_then(|store| store.with_replication(config.replication()))
     .map_err(|e| anyhow::anyhow!("cannot build the Redis pool ({:?})", e.kind()))?;
     tokio::spawn(report_redis_at_start(store.clone()));
+    let metrics = store.metrics_handle();
     let locks = Locks::new(
-        store.clone(),
+        store,
         config.lock_ttl(),
         config.lock_wait,
         Duration::from_millis(config.release_gap_ms),
     )
-    .with_nodes(lock_nodes(config, store.metrics_handle())?);
+    .with_nodes(lock_nodes(config, metrics)?);
     check_quorum_setup(config, locks.nodes())?;
     let state = AppState {
         seller: Seller {
             instance: instance.clone(),
-            store,
-            locks,
+            items: Items::new(locks, config.item_idle()),
             wait_budget: config.lock_wait(),
             idempotency_keep: Duration::from_secs(config.idempotency_ttl_s),
         },

@@ -32,8 +32,8 @@ pub enum ApiError {
     Unauthorized,
     /// 404: no such route.
     NotFound,
-    /// 404: the item has no stock (never stocked, or Redis lost its data).
-    UnknownItem,
+    /// 404: the item (its id) has no stock (never stocked, or Redis lost its data).
+    UnknownItem(String),
     /// 405: the route exists, the method does not (`HEAD` on the sale among them).
     MethodNotAllowed,
     /// 409 or 503, depending on why the sale was refused.
@@ -44,11 +44,12 @@ pub enum ApiError {
     Internal(String),
 }
 
-impl From<SaleError> for ApiError {
-    fn from(e: SaleError) -> Self {
+impl ApiError {
+    /// A refused sale of `item`.
+    pub fn sale(e: SaleError, item: &str) -> Self {
         match e {
             SaleError::Redis(e) => ApiError::Redis(e),
-            SaleError::UnknownItem => ApiError::UnknownItem,
+            SaleError::UnknownItem => ApiError::UnknownItem(item.to_owned()),
             e => ApiError::Sale(e),
         }
     }
@@ -106,12 +107,13 @@ impl ApiError {
                 "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`".into(),
             ),
             ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found", "no such route".into()),
-            ApiError::UnknownItem => (
+            ApiError::UnknownItem(item) => (
                 StatusCode::NOT_FOUND,
                 "unknown_item",
-                "the item has no stock in Redis (never stocked, or Redis lost its data); \
-                 stock it with PUT /inventory"
-                    .into(),
+                format!(
+                    "item {item} has no stock in Redis (never stocked, or Redis lost its \
+                     data); stock it with PUT /inventory/{item}"
+                ),
             ),
             ApiError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -191,7 +193,11 @@ impl ApiError {
                              Retry with the same Idempotency-Key to learn which"
                         ),
                     ),
-                    SaleError::UnknownItem => return ApiError::UnknownItem.parts(),
+                    SaleError::UnknownItem => (
+                        StatusCode::NOT_FOUND,
+                        "the item has no stock in Redis (never stocked, or Redis lost its data)"
+                            .into(),
+                    ),
                     SaleError::Redis(e) => return redis_parts(e),
                 };
                 (status, e.code(), message)

@@ -15,6 +15,40 @@ pub struct ApiQuery<T>(pub T);
 #[from_request(via(axum::Json), rejection(ApiError))]
 pub struct ApiJson<T>(pub T);
 
+/// The item of an `/inventory/{item}/...` path, checked by the rule `ITEM_ID` follows; a
+/// malformed one is refused with 400 naming that rule, before anything touches Redis.
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ItemPath {
+    /// Item id: 1 to 32 ASCII letters, digits, `-` or `_`, not `sale` or `audit`. The
+    /// instance's `ITEM_ID` (default `001`) is the item of the paths without `{item}`.
+    #[param(
+        pattern = "^(?!(?:sale|audit)$)[A-Za-z0-9_-]{1,32}$",
+        min_length = 1,
+        max_length = 32,
+        example = "001"
+    )]
+    pub item: String,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ItemPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(raw) =
+            axum::extract::Path::<String>::from_request_parts(parts, state)
+                .await
+                .map_err(|_| {
+                    ApiError::BadRequest(format!(
+                        "invalid item id: use {}",
+                        crate::names::ITEM_ID_RULE
+                    ))
+                })?;
+        let item = crate::names::parse_item_id(&raw).map_err(ApiError::BadRequest)?;
+        Ok(ItemPath { item })
+    }
+}
+
 /// Present in a handler's arguments, it lets the request through only with the admin token
 /// (or when none is configured).
 pub struct Admin;

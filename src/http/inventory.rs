@@ -16,10 +16,10 @@ use utoipa::{IntoParams, IntoResponses, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Admin, ApiJson, ApiQuery};
+use super::extract::{Admin, ApiJson, ApiQuery, ItemPath};
 use super::{ApiError, AppState, ErrorBody, TAG_INVENTORY, TAG_SALE};
 use crate::idempotency;
-use crate::sale::{MAX_WORK_MS, SaleRequest, Sold};
+use crate::sale::{Completed, MAX_WORK_MS, SaleRequest, Sold};
 use crate::store::{Audit, Inventory};
 use crate::strategy::Strategy;
 
@@ -31,6 +31,9 @@ pub fn router() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(sale, sale_get))
         .routes(routes!(get_inventory, reset_inventory))
         .routes(routes!(audit))
+        .routes(routes!(item_sale, item_sale_get))
+        .routes(routes!(get_item, reset_item))
+        .routes(routes!(item_audit))
 }
 
 /// The query of a sale.
@@ -78,7 +81,7 @@ impl SaleQuery {
             None => app.default_strategy,
             Some(name) => name.parse().map_err(ApiError::BadRequest)?,
         };
-        if strategy.info().quorum && app.seller.locks.nodes().is_empty() {
+        if strategy.info().quorum && app.seller.nodes().is_empty() {
             return Err(ApiError::BadRequest(format!(
                 "strategy {strategy} needs independent lock nodes, and this instance has none: \
                  start it with LOCK_NODES=redis://host:port,redis://host:port,redis://host:port"
@@ -103,7 +106,8 @@ impl SaleQuery {
 /// Sell one item
 ///
 /// Takes the lock of the chosen strategy, reads the stock, works for `work_ms`, writes
-/// stock - 1 and records the sale in the ledger.
+/// stock - 1 and records the sale in the ledger. Sells the default item (`ITEM_ID`); see
+/// `/inventory/{item}/sale` for the others.
 #[utoipa::path(
     post,
     path = "/inventory/sale",
@@ -116,6 +120,37 @@ async fn sale(
     headers: SaleHeaders,
     ApiQuery(query): ApiQuery<SaleQuery>,
 ) -> Result<Response, ApiError> {
+    sell(app, None, headers, query).await
+}
+
+/// Sell one of an item
+///
+/// The sale of `POST /inventory/sale`, of the item `{item}`: the same query, headers and
+/// answers. Items never exclude each other's sales; `/inventory/{ITEM_ID}/sale` is the
+/// default item's sale.
+#[utoipa::path(
+    post,
+    path = "/inventory/{item}/sale",
+    tag = TAG_SALE,
+    params(ItemPath, SaleQuery, SaleHeaders),
+    responses(SaleResponses)
+)]
+async fn item_sale(
+    State(app): State<Arc<AppState>>,
+    ItemPath { item }: ItemPath,
+    headers: SaleHeaders,
+    ApiQuery(query): ApiQuery<SaleQuery>,
+) -> Result<Response, ApiError> {
+    sell(app, Some(item), headers, query).await
+}
+
+/// The one sale handler: `item` is `None` for the default item's paths.
+async fn sell(
+    app: Arc<AppState>,
+    item: Option<String>,
+    headers: SaleHeaders,
+    query: SaleQuery,
+) -> Result<Response, ApiError> {
     let request = query.into_request(&app)?;
     let key = headers.idempotency_key;
     let inline = request.strategy == Strategy::Atomic && key.is_none() && request.work.is_zero();
@@ -126,14 +161,14 @@ async fn sale(
         // sells nothing, one of the two outcomes nginx's 504 announces. So it runs in the
         // request's own task: a task of its own costs a spawn and, often, a wake-up of the
         // other worker thread, about a third of the instance's CPU per atomic sale.
-        app.seller.sell(request, None).await?
+        sell_in_place(&app, item.as_deref(), request, None).await?
     } else {
         // The sale runs in its own task: a sale that reached the instance is made even if
         // its client hangs up (nginx answers 504: it may have sold), and never abandoned
         // half-way, between taking the lock and releasing it or between claiming an
         // idempotency key and settling it. The task keeps the request's span, and so its
         // request id.
-        let sale = async move { app.seller.sell(request, key.as_ref()).await };
+        let sale = async move { sell_in_place(&app, item.as_deref(), request, key.as_ref()).await };
         tokio::spawn(sale.instrument(tracing::Span::current()))
             .await
             .map_err(|e| ApiError::Internal(format!("sale task failed: {e}")))??
@@ -147,6 +182,23 @@ async fn sale(
     Ok(response)
 }
 
+async fn sell_in_place(
+    app: &AppState,
+    item: Option<&str>,
+    request: SaleRequest,
+    key: Option<&idempotency::Key>,
+) -> Result<Completed, ApiError> {
+    let seller = &app.seller;
+    let (sold, id) = match item {
+        None => {
+            let default = seller.items.default_item();
+            (seller.sell(default, request, key).await, default.id())
+        }
+        Some(id) => (seller.sell_item(id, request, key).await, id),
+    };
+    sold.map_err(|e| ApiError::sale(e, id))
+}
+
 const REPLAYED: &str = "idempotent-replayed";
 
 /// What a sale can answer, documented once for `POST` and `GET`. Never built: the handlers
@@ -157,15 +209,15 @@ enum SaleResponses {
     /// One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)
     #[response(status = 200)]
     Sold(#[to_schema] Sold),
-    /// Unknown strategy, `work_ms` out of range or a malformed `Idempotency-Key`; the
-    /// message names the valid values
+    /// Unknown strategy, `work_ms` out of range, a malformed `Idempotency-Key` or (in
+    /// `/inventory/{item}/sale`) a malformed item id; the message names the valid values
     #[response(status = 400, example = json!({"error": "bad_request",
         "message": "unknown strategy \"v9\"; valid: none, local, setnx, ..."}))]
     BadRequest(ErrorBody),
     /// Nothing sold: the item has no stock in Redis (`unknown_item`: never stocked, or Redis
-    /// lost its data)
+    /// lost its data); nothing was written for it
     #[response(status = 404, example = json!({"error": "unknown_item",
-        "message": "the item has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory"}))]
+        "message": "item 002 has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory/002"}))]
     UnknownItem(ErrorBody),
     /// Nothing sold: `sold_out`; the lock was lost before the write (`lock_lost`,
     /// `stale_fence`); a writer that takes no lock (an `atomic` sale, a reset) changed the
@@ -233,35 +285,96 @@ impl<S: Send + Sync> FromRequestParts<S> for SaleHeaders {
 )]
 async fn sale_get(
     method: Method,
-    state: State<Arc<AppState>>,
+    State(app): State<Arc<AppState>>,
     headers: SaleHeaders,
-    query: ApiQuery<SaleQuery>,
+    ApiQuery(query): ApiQuery<SaleQuery>,
 ) -> Result<Response, ApiError> {
     if method == Method::HEAD {
-        let mut refused = ApiError::MethodNotAllowed.into_response();
-        refused.headers_mut().insert(
-            axum::http::header::ALLOW,
-            HeaderValue::from_static("GET, POST"),
-        );
-        return Ok(refused);
+        return Ok(head_never_sells());
     }
-    sale(state, headers, query).await
+    sell(app, None, headers, query).await
+}
+
+/// Sell one of an item (GET, as in the tutorial)
+///
+/// The same sale as `POST /inventory/{item}/sale`. `HEAD` never sells: it answers 405.
+#[utoipa::path(
+    get,
+    path = "/inventory/{item}/sale",
+    tag = TAG_SALE,
+    params(ItemPath, SaleQuery, SaleHeaders),
+    responses(
+        SaleResponses,
+        (status = 405, description = "`HEAD` never sells: nothing sold", body = ErrorBody),
+    )
+)]
+async fn item_sale_get(
+    method: Method,
+    State(app): State<Arc<AppState>>,
+    ItemPath { item }: ItemPath,
+    headers: SaleHeaders,
+    ApiQuery(query): ApiQuery<SaleQuery>,
+) -> Result<Response, ApiError> {
+    if method == Method::HEAD {
+        return Ok(head_never_sells());
+    }
+    sell(app, Some(item), headers, query).await
+}
+
+fn head_never_sells() -> Response {
+    let mut refused = ApiError::MethodNotAllowed.into_response();
+    refused.headers_mut().insert(
+        axum::http::header::ALLOW,
+        HeaderValue::from_static("GET, POST"),
+    );
+    refused
 }
 
 /// Show the stock
+///
+/// Of the default item (`ITEM_ID`); `/inventory/{item}` shows any item's.
 #[utoipa::path(
     get,
     path = "/inventory",
     tag = TAG_INVENTORY,
     responses(
         (status = 200, description = "Stock now, stock at the last reset, sales recorded", body = Inventory),
-        (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody),
+        (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody,
+            example = json!({"error": "unknown_item", "message": "item 002 has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory/002"})),
         (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
     )
 )]
 async fn get_inventory(State(app): State<Arc<AppState>>) -> Result<Json<Inventory>, ApiError> {
-    let inventory = app.seller.store.inventory().await?;
-    Ok(Json(inventory.ok_or(ApiError::UnknownItem)?))
+    show(&app, app.seller.items.default_id()).await
+}
+
+/// Show an item's stock
+#[utoipa::path(
+    get,
+    path = "/inventory/{item}",
+    tag = TAG_INVENTORY,
+    params(ItemPath),
+    responses(
+        (status = 200, description = "Stock now, stock at the last reset, sales recorded", body = Inventory),
+        (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody,
+            example = json!({"error": "unknown_item", "message": "item 002 has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory/002"})),
+        (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
+        (status = 400, description = "Malformed item id; the message names the valid format", body = ErrorBody,
+            example = json!({"error": "bad_request", "message": "invalid item id \"a:b\": use 1 to 32 ASCII letters, digits, '-' or '_' (pattern ^[A-Za-z0-9_-]{1,32}$), not \"sale\" or \"audit\""})),
+    )
+)]
+async fn get_item(
+    State(app): State<Arc<AppState>>,
+    ItemPath { item }: ItemPath,
+) -> Result<Json<Inventory>, ApiError> {
+    show(&app, &item).await
+}
+
+async fn show(app: &AppState, item: &str) -> Result<Json<Inventory>, ApiError> {
+    let inventory = app.seller.items.store(item).inventory().await?;
+    Ok(Json(
+        inventory.ok_or_else(|| ApiError::UnknownItem(item.to_owned()))?,
+    ))
 }
 
 /// A reset of the item.
@@ -290,10 +403,10 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error>
 
 /// Reset the stock
 ///
-/// Sets the stock and the initial stock, empties the sales ledger and the audit's counters,
-/// and deletes the item's lock. A sale in flight across the reset is refused
-/// (`stock_changed`), and fencing tokens keep counting up. Needs `Authorization: Bearer <ADMIN_TOKEN>` when
-/// the service has one.
+/// Sets the stock and the initial stock of the default item (`ITEM_ID`), empties its sales
+/// ledger and the audit's counters, and deletes its lock. A sale in flight across the reset
+/// is refused (`stock_changed`), and fencing tokens keep counting up. Needs
+/// `Authorization: Bearer <ADMIN_TOKEN>` when the service has one.
 #[utoipa::path(
     put,
     path = "/inventory",
@@ -302,7 +415,7 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error>
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The item after the reset", body = Inventory),
-        (status = 400, description = "Stock missing, not a number, or out of range", body = ErrorBody,
+        (status = 400, description = "Stock missing, not a number, or out of range; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
             example = json!({"error": "bad_request", "message": "stock must be between 0 and 1000000000, got -1"})),
         (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
         (status = 401, description = "Wrong or missing admin token", body = ErrorBody,
@@ -311,9 +424,51 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error>
     )
 )]
 async fn reset_inventory(
-    _admin: Admin,
+    admin: Admin,
     State(app): State<Arc<AppState>>,
     ApiJson(reset): ApiJson<ResetRequest>,
+) -> Result<Json<Inventory>, ApiError> {
+    let item = app.seller.items.default_id().to_owned();
+    restock(admin, &app, &item, reset).await
+}
+
+/// Create or reset an item
+///
+/// `PUT /inventory` for the item `{item}`: stocks an item never seen before, or resets one
+/// exactly as `PUT /inventory` resets the default item. Needs `Authorization: Bearer
+/// <ADMIN_TOKEN>` when the service has one.
+#[utoipa::path(
+    put,
+    path = "/inventory/{item}",
+    tag = TAG_INVENTORY,
+    params(ItemPath),
+    request_body = ResetRequest,
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The item after the reset", body = Inventory),
+        (status = 400, description = "Stock missing, not a number, or out of range; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
+            example = json!({"error": "bad_request", "message": "stock must be between 0 and 1000000000, got -1"})),
+        (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
+        (status = 401, description = "Wrong or missing admin token", body = ErrorBody,
+            example = json!({"error": "unauthorized", "message": "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`"})),
+        (status = 503, description = "Redis did not answer", body = ErrorBody),
+    )
+)]
+async fn reset_item(
+    admin: Admin,
+    State(app): State<Arc<AppState>>,
+    ItemPath { item }: ItemPath,
+    ApiJson(reset): ApiJson<ResetRequest>,
+) -> Result<Json<Inventory>, ApiError> {
+    restock(admin, &app, &item, reset).await
+}
+
+/// `_admin` is the proof that the token was checked.
+async fn restock(
+    _admin: Admin,
+    app: &AppState,
+    item: &str,
+    reset: ResetRequest,
 ) -> Result<Json<Inventory>, ApiError> {
     if !(0..=MAX_STOCK).contains(&reset.stock) {
         return Err(ApiError::BadRequest(format!(
@@ -321,9 +476,10 @@ async fn reset_inventory(
             reset.stock
         )));
     }
-    let store = &app.seller.store;
+    let store = app.seller.items.store(item);
     store.reset(reset.stock).await?;
-    tracing::info!(stock = reset.stock, "inventory reset");
+    app.seller.items.restocked(item);
+    tracing::info!(item, stock = reset.stock, "inventory reset");
     let inventory = store.inventory().await?;
     Ok(Json(inventory.ok_or(ApiError::Internal(
         "the stock vanished right after its reset".into(),
@@ -332,9 +488,10 @@ async fn reset_inventory(
 
 /// Audit the sales
 ///
-/// Compares the sales recorded with the stock: items oversold, decrements lost, and the
-/// remaining-stock values that more than one sale left behind. Reads counters that every
-/// write keeps, so it costs the same after a million sales as after one.
+/// Compares the sales recorded with the stock of the default item (`ITEM_ID`): items
+/// oversold, decrements lost, and the remaining-stock values that more than one sale left
+/// behind. Reads counters that every write keeps, so it costs the same after a million
+/// sales as after one.
 #[utoipa::path(
     get,
     path = "/inventory/audit",
@@ -346,6 +503,34 @@ async fn reset_inventory(
     )
 )]
 async fn audit(State(app): State<Arc<AppState>>) -> Result<Json<Audit>, ApiError> {
-    let audit = app.seller.store.audit().await?;
-    Ok(Json(audit.ok_or(ApiError::UnknownItem)?))
+    audit_of(&app, app.seller.items.default_id()).await
+}
+
+/// Audit an item's sales
+///
+/// `GET /inventory/audit` for the item `{item}`.
+#[utoipa::path(
+    get,
+    path = "/inventory/{item}/audit",
+    tag = TAG_INVENTORY,
+    params(ItemPath),
+    responses(
+        (status = 200, description = "The ledger against the stock", body = Audit),
+        (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody),
+        (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
+        (status = 400, description = "Malformed item id; the message names the valid format", body = ErrorBody),
+    )
+)]
+async fn item_audit(
+    State(app): State<Arc<AppState>>,
+    ItemPath { item }: ItemPath,
+) -> Result<Json<Audit>, ApiError> {
+    audit_of(&app, &item).await
+}
+
+async fn audit_of(app: &AppState, item: &str) -> Result<Json<Audit>, ApiError> {
+    let audit = app.seller.items.store(item).audit().await?;
+    Ok(Json(
+        audit.ok_or_else(|| ApiError::UnknownItem(item.to_owned()))?,
+    ))
 }

@@ -40,7 +40,7 @@ async fn metrics(State(app): State<Arc<AppState>>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        app.seller.store.metrics().render(),
+        app.seller.store().metrics().render(),
     )
 }
 
@@ -124,9 +124,9 @@ async fn health(State(app): State<Arc<AppState>>) -> Json<Status> {
     )
 )]
 async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiError> {
-    let nodes = app.seller.locks.nodes();
+    let nodes = app.seller.nodes();
     let (stock, answers) = tokio::join!(
-        app.seller.store.ping(),
+        app.seller.store().ping(),
         futures_util::future::join_all(nodes.iter().map(ping_twice))
     );
     stock?;

@@ -141,6 +141,16 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
     set_max_work(&mut api, state.max_work.as_millis() as u64);
     let body_timeout = RequestBodyTimeoutLayer::new(state.body_timeout);
     Ok(router
+        // The item path with an empty id, which no `{item}` route matches: a malformed
+        // id, not a missing route.
+        .route(
+            "/inventory/",
+            axum::routing::any(|| async {
+                ApiError::BadRequest(
+                    crate::names::parse_item_id("").err().unwrap_or_default(),
+                )
+            }),
+        )
         .merge(SwaggerUi::new("/swagger-ui").url("/api-docs/openapi.json", api))
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

@@ -16,7 +16,7 @@ use crate::store::{Keys, scripts};
 
 /// Where one instance's hand-offs arrive; unique per `Locks`.
 pub(crate) fn inbox_key(keys: &Keys) -> String {
-    format!("{}:inbox:{}", keys.lock, uuid::Uuid::new_v4().simple())
+    keys.inbox(&uuid::Uuid::new_v4().simple().to_string())
 }
 
 /// How the lock is written for an owner of this strategy: the shape of the lock key, and

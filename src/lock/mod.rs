@@ -274,9 +274,11 @@ impl Guard {
     }
 }
 
-/// The lock machinery of one instance.
+/// The lock machinery of one item in one instance: its store, its lock nodes, its
+/// process-local mutex and what listens for its releases.
 pub struct Locks {
     cx: LockCx,
+    mode: WaitMode,
     local: Arc<Mutex<()>>,
     waiter: Waiter,
     /// For locks whose releases wake nobody here: retries bounded by the holder's lease.
@@ -286,20 +288,55 @@ pub struct Locks {
 impl Locks {
     /// Starts listening for releases; must be called inside a Tokio runtime.
     pub fn new(store: Store, ttl: Duration, mode: WaitMode, release_gap: Duration) -> Self {
-        let waiter = Waiter::listen(&store, mode);
-        let poller = Waiter::listen(&store, WaitMode::Spin);
+        let cx = LockCx {
+            store,
+            nodes: Arc::new([]),
+            ttl,
+            release_gap,
+            newest_fence: Arc::default(),
+        };
+        Self::listening(cx, mode)
+    }
+
+    fn listening(cx: LockCx, mode: WaitMode) -> Self {
+        let waiter = Waiter::listen(&cx.store, mode);
+        let poller = Waiter::listen(&cx.store, WaitMode::Spin);
         Self {
-            cx: LockCx {
-                store,
-                nodes: Arc::new([]),
-                ttl,
-                release_gap,
-                newest_fence: Arc::default(),
-            },
+            cx,
+            mode,
             local: Arc::default(),
             waiter,
             poller,
         }
+    }
+
+    /// The same machinery for another item: the same servers and connections, the item's
+    /// own keys, mutex and listeners; must be called inside a Tokio runtime.
+    ///
+    /// The newest fencing token is shared with this `Locks`: it is a floor that a counter
+    /// lost with Redis's data restarts above, and one floor for every item keeps each
+    /// item's tokens increasing (they may jump) while forgetting nothing when an idle
+    /// item's machinery is dropped.
+    pub fn for_item(&self, item: &str) -> Self {
+        let cx = LockCx {
+            store: self.cx.store.for_item(item),
+            nodes: self.cx.nodes.iter().map(|n| n.for_item(item)).collect(),
+            ttl: self.cx.ttl,
+            release_gap: self.cx.release_gap,
+            newest_fence: self.cx.newest_fence.clone(),
+        };
+        Self::listening(cx, self.mode)
+    }
+
+    /// The store of this item.
+    pub fn store(&self) -> &Store {
+        &self.cx.store
+    }
+
+    /// No sale waits for this item's lock here, and no hand-off is owed: dropping it now
+    /// strands nobody.
+    pub fn is_idle(&self) -> bool {
+        self.waiter.is_idle() && self.poller.is_idle()
     }
 
     /// Adds the independent nodes a quorum lock is taken on.

@@ -99,7 +99,11 @@ pub struct Waiter {
 
 enum Backend {
     Spin,
-    PubSub(Arc<Notify>),
+    PubSub {
+        releases: Arc<Notify>,
+        /// Dropped with the `Waiter`, it ends the subscription.
+        _stop: oneshot::Sender<()>,
+    },
     Queue(Arc<Queue>),
 }
 
@@ -114,12 +118,25 @@ impl Waiter {
             WaitMode::Spin => Backend::Spin,
             WaitMode::Pubsub => {
                 let releases = Arc::new(Notify::new());
-                tokio::spawn(subscribe(
+                let (stop, stopped) = oneshot::channel::<()>();
+                let subscription = subscribe(
                     store.clone(),
                     keys.released.clone(),
                     Arc::downgrade(&releases),
-                ));
-                Backend::PubSub(releases)
+                );
+                // The subscription ends with its `Waiter`, not at the next message: an
+                // item nobody sells any more publishes none, and would keep its
+                // subscription (a connection) forever.
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = subscription => {}
+                        _ = stopped => {}
+                    }
+                });
+                Backend::PubSub {
+                    releases,
+                    _stop: stop,
+                }
             }
             WaitMode::Notify => {
                 let queue = Arc::new(Queue {
@@ -139,6 +156,19 @@ impl Waiter {
 
     pub fn attempts(&self) -> u64 {
         self.attempts.load(Ordering::Relaxed)
+    }
+
+    /// Nothing waits here and nothing is owed to Redis: no waiter, no signal to give back,
+    /// no hand-off expected or to release. Dropping an idle `Waiter` loses nothing.
+    pub fn is_idle(&self) -> bool {
+        match &self.backend {
+            Backend::Spin | Backend::PubSub { .. } => true,
+            Backend::Queue(queue) => {
+                !queue.has_waiters()
+                    && queue.give_back.load(Ordering::Relaxed) == 0
+                    && !queue.has_handoffs()
+            }
+        }
     }
 
     /// Repeats `attempt` until it acquires, the deadline passes, or Redis fails. Returns the
@@ -164,7 +194,9 @@ impl Waiter {
                 self.handed_over(queue, owner, deadline, attempt).await
             }
             Backend::Queue(queue) => self.queued(queue, deadline, nested, || attempt(None)).await,
-            Backend::Spin | Backend::PubSub(_) => self.retried(deadline, || attempt(None)).await,
+            Backend::Spin | Backend::PubSub { .. } => {
+                self.retried(deadline, || attempt(None)).await
+            }
         }
     }
 
@@ -300,7 +332,7 @@ impl Waiter {
         let started = Instant::now();
         loop {
             let released = match &self.backend {
-                Backend::PubSub(releases) => Some(releases.notified()),
+                Backend::PubSub { releases, .. } => Some(releases.notified()),
                 _ => None,
             };
             tokio::pin!(released);

@@ -287,6 +287,11 @@ impl Keys {
         }
     }
 
+    /// Where the hand-offs to one listening `Locks` arrive (`listener` is unique to it).
+    pub fn inbox(&self, listener: &str) -> String {
+        format!("{}:inbox:{listener}", self.lock)
+    }
+
     /// Where the outcome of a sale sent with `Idempotency-Key: <key>` is kept.
     pub fn idempotency(&self, key: &str) -> String {
         format!("{}{key}", self.idempotency_prefix)
@@ -655,6 +660,15 @@ impl Store {
         &self.item
     }
 
+    /// The same server, connections, pool and settings, for another item's keys: items
+    /// share everything but their key names, so another item costs no connection.
+    pub fn for_item(&self, item: &str) -> Store {
+        let mut store = self.clone();
+        store.item = item.to_owned();
+        store.keys = Keys::new(item);
+        store
+    }
+
     /// Runs one Redis exchange under the configured bound, so a hung or unreachable server
     /// costs a request at most `timeout`, never a hang.
     pub async fn call<T, F, Fut>(&self, f: F) -> RedisResult<T>
@@ -848,6 +862,12 @@ impl Store {
         })
     }
 
+    /// Whether the item has a stock key (one `EXISTS`).
+    pub async fn is_stocked(&self) -> RedisResult<bool> {
+        let key = &self.keys.stock;
+        self.call(|mut c| async move { c.exists(key).await }).await
+    }
+
     pub async fn inventory(&self) -> RedisResult<Option<Inventory>> {
         Ok(self
             .counters()
@@ -957,23 +977,107 @@ impl Audit {
 mod tests {
     use super::*;
 
+    /// Every key name of one item, the idempotency keys and the hand-off inboxes included.
+    fn every_key(k: &Keys) -> Vec<String> {
+        let Keys {
+            stock,
+            initial,
+            ledger,
+            sales,
+            sold,
+            duplicates,
+            lockfree_writes,
+            single_node_writes,
+            quorum_writes,
+            fence,
+            fence_seen,
+            lock,
+            released,
+            signal,
+            queue,
+            queue_entries,
+            idempotency_prefix: _,
+        } = k;
+        let mut keys: Vec<String> = [
+            stock,
+            initial,
+            ledger,
+            sales,
+            sold,
+            duplicates,
+            lockfree_writes,
+            single_node_writes,
+            quorum_writes,
+            fence,
+            fence_seen,
+            lock,
+            released,
+            signal,
+            queue,
+            queue_entries,
+        ]
+        .into_iter()
+        .cloned()
+        .collect();
+        keys.push(k.idempotency("5f0c3c1e-8a51"));
+        keys.push(k.idempotency(""));
+        keys.push(k.inbox("9b2f6c0e"));
+        keys
+    }
+
+    /// CRC16-XMODEM (polynomial 0x1021, initial 0), the checksum Redis Cluster slots by.
+    fn crc16(bytes: &[u8]) -> u16 {
+        bytes.iter().fold(0u16, |crc, &b| {
+            (0..8).fold(crc ^ (u16::from(b) << 8), |crc, _| {
+                if crc & 0x8000 != 0 {
+                    (crc << 1) ^ 0x1021
+                } else {
+                    crc << 1
+                }
+            })
+        })
+    }
+
+    /// The slot Redis Cluster puts `key` in: the CRC16 of the first `{...}` with something
+    /// inside, or of the whole key.
+    fn hash_slot(key: &str) -> u16 {
+        let hashed = key
+            .find('{')
+            .and_then(|open| {
+                let rest = &key[open + 1..];
+                rest.find('}')
+                    .filter(|&close| close > 0)
+                    .map(|close| &rest[..close])
+            })
+            .unwrap_or(key);
+        crc16(hashed.as_bytes()) % 16384
+    }
+
     #[test]
-    fn every_key_of_an_item_shares_one_hash_tag() {
-        let k = Keys::new("001");
-        for key in [
-            &k.stock,
-            &k.initial,
-            &k.ledger,
-            &k.sales,
-            &k.sold,
-            &k.duplicates,
-            &k.lockfree_writes,
-            &k.fence,
-            &k.fence_seen,
-            &k.lock,
-        ] {
-            assert!(key.starts_with("inventory:{001}:"), "{key}");
+    fn crc16_matches_the_redis_cluster_specification() {
+        // The check value the specification gives, and slots `CLUSTER KEYSLOT` answers.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(hash_slot("foo"), 12182);
+        assert_eq!(hash_slot("{user1000}.following"), hash_slot("user1000"));
+        assert_eq!(hash_slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
+    }
+
+    #[test]
+    fn every_key_of_an_item_is_in_the_slot_of_its_hash_tag() {
+        for item in ["001", "sku_9-b", "A", "z-long_item-id-with-32-chars-xx"] {
+            let keys = Keys::new(item);
+            let slot = crc16(item.as_bytes()) % 16384;
+            for key in every_key(&keys) {
+                assert!(key.starts_with(&format!("inventory:{{{item}}}:")), "{key}");
+                assert_eq!(hash_slot(&key), slot, "{key} left the slot of {item}");
+            }
         }
+    }
+
+    #[test]
+    fn two_items_share_no_key() {
+        let (a, b) = (every_key(&Keys::new("a")), every_key(&Keys::new("b")));
+        assert!(a.iter().all(|k| !b.contains(k)));
     }
 
     #[test]

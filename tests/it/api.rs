@@ -256,6 +256,9 @@ async fn the_openapi_document_lists_every_route_and_describes_every_response() {
         ("/inventory/sale", vec!["get", "post"]),
         ("/inventory", vec!["get", "put"]),
         ("/inventory/audit", vec!["get"]),
+        ("/inventory/{item}/sale", vec!["get", "post"]),
+        ("/inventory/{item}", vec!["get", "put"]),
+        ("/inventory/{item}/audit", vec!["get"]),
         ("/strategies", vec!["get"]),
         ("/health", vec!["get"]),
         ("/ready", vec!["get"]),
@@ -294,6 +297,40 @@ async fn the_openapi_document_lists_every_route_and_describes_every_response() {
             "sale documents {status}"
         );
     }
+    // The item paths document the item's format as the service checks it, and the sale of
+    // an item answers what the default item's sale answers.
+    for (path, method) in [
+        ("/inventory/{item}/sale", "post"),
+        ("/inventory/{item}/sale", "get"),
+        ("/inventory/{item}", "get"),
+        ("/inventory/{item}", "put"),
+        ("/inventory/{item}/audit", "get"),
+    ] {
+        let op = &paths[path][method];
+        let item = op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "item")
+            .unwrap_or_else(|| panic!("{method} {path} has no item parameter"));
+        assert_eq!(item["in"], "path");
+        assert_eq!(
+            item["schema"]["pattern"],
+            inventory::names::ITEM_ID_SCHEMA_PATTERN,
+            "{method} {path}"
+        );
+        assert!(op["responses"]["400"].is_object(), "{method} {path}: 400");
+    }
+    let item_sale = &paths["/inventory/{item}/sale"]["post"];
+    let statuses = |op: &Value| {
+        op["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(statuses(item_sale), statuses(sale));
     let strategy = sale["parameters"]
         .as_array()
         .unwrap()

@@ -134,6 +134,90 @@ async fn swagger_ui_try_it_out_sells_an_item() {
     );
 }
 
+/// The item paths in Swagger UI: "Try it out" on `POST /inventory/{item}/sale`, with the item
+/// typed into its field, sells that item and leaves the default item alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn swagger_ui_try_it_out_sells_the_item_typed_into_the_path() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(3).await;
+    let stocked = app
+        .send(
+            reqwest::Client::new()
+                .put(app.url("/inventory/sku-7"))
+                .header("content-type", "application/json")
+                .body(r#"{"stock": 5}"#),
+        )
+        .await;
+    assert_eq!(stocked.status, 200, "{stocked:?}");
+    let driver = ChromeDriver::start().await;
+    let profile = tempfile::tempdir().unwrap();
+    let browser = headless(&driver, profile.path()).await;
+
+    let op = "#operations-sale-item_sale";
+    let outcome = async {
+        browser.goto(&app.url("/swagger-ui/")).await?;
+        let operation = browser
+            .wait()
+            .at_most(Duration::from_secs(20))
+            .for_element(Locator::Css(op))
+            .await?;
+        let summary = operation.find(Locator::Css(".opblock-summary")).await?;
+        assert!(
+            summary.text().await?.contains("/inventory/{item}/sale"),
+            "the item sale is listed"
+        );
+        summary.click().await?;
+        browser
+            .wait()
+            .for_element(Locator::Css(&format!("{op} .try-out__btn")))
+            .await?
+            .click()
+            .await?;
+        let field = browser
+            .wait()
+            .for_element(Locator::Css(&format!(
+                "{op} tr[data-param-name=\"item\"] input"
+            )))
+            .await?;
+        field.clear().await?;
+        field.send_keys("sku-7").await?;
+        browser
+            .wait()
+            .for_element(Locator::Css(&format!("{op} .execute")))
+            .await?
+            .click()
+            .await?;
+        let status = browser
+            .wait()
+            .at_most(Duration::from_secs(20))
+            .for_element(Locator::Css(&format!(
+                "{op} .live-responses-table tr.response .response-col_status"
+            )))
+            .await?
+            .text()
+            .await?;
+        Ok::<_, fantoccini::error::CmdError>(status)
+    }
+    .await;
+    let _ = browser.close().await;
+    let status = outcome.expect("drive Swagger UI");
+    assert_eq!(
+        status.trim(),
+        "200",
+        "Swagger UI shows the item sale's status"
+    );
+
+    let item = app.get("/inventory/sku-7/audit").await.body;
+    assert_eq!(
+        (item["sales"].as_i64(), item["remaining"].as_i64()),
+        (Some(1), Some(4)),
+        "{item}"
+    );
+    let default = app.audit().await;
+    assert_eq!(default["sales"].as_i64(), Some(0), "{default}");
+}
+
 /// Every scenario row, run for real, rendered by `scenarios --report`'s page and opened from
 /// disk (nothing fetched): each row is there with its picture, lanes and bars drawn.
 #[tokio::test(flavor = "multi_thread")]

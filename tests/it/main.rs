@@ -9,6 +9,7 @@ mod browser;
 mod compose;
 mod handoff;
 mod harness;
+mod items;
 mod leaks;
 mod lua;
 mod optimistic;
