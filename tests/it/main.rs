@@ -21,3 +21,4 @@ mod safety;
 mod scenarios;
 mod stack;
 mod strategies;
+mod topologies;
