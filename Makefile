@@ -113,7 +113,8 @@ $(VENV)/.ready: Makefile
 	touch $@
 
 ## compose-check: what `make test` checks of the Docker path without a Docker engine: the Dockerfile's
-## build command on the host, the compose file, and nginx natively on the compose nginx.conf
+## build command on the host, the compose file (`config -q` without a profile and with each of
+## `sentinel` and `cluster`, and the profiles' shapes), and nginx natively on the compose nginx.conf
 compose-check: deps
 	$(CARGO) test --test it -- compose::
 
