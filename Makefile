@@ -72,14 +72,22 @@ stack-deps:
 release:
 	$(CARGO) build --release --workspace --bins
 
-## up: start redis-server, two instances and nginx on 127.0.0.1 (run/ holds pids and logs)
+## up: start redis-server, two instances and nginx on 127.0.0.1 (run/ holds pids and logs).
+## TOPOLOGY=sentinel: a master, two replicas and three sentinels instead of the one redis-server;
+## TOPOLOGY=cluster (or CLUSTER=1): six Redis Cluster nodes (see README, "Topologies")
+TOPOLOGY ?= single
+ifneq ($(filter 1 yes true,$(CLUSTER)),)
+override TOPOLOGY := cluster
+endif
 up: stack-deps release
-	@scripts/stack.sh up
+	@TOPOLOGY=$(TOPOLOGY) scripts/stack.sh up
 
-## down: stop exactly the processes `make up` started
+## down: stop exactly the processes `make up` started, whatever the topology
 down:
 	@scripts/stack.sh down
 
+## status: what runs; under sentinel the master of the moment and each replica's link and
+## offset, under cluster the slots of each master and which replica follows which
 status:
 	@scripts/stack.sh status
 
@@ -105,7 +113,8 @@ $(VENV)/.ready: Makefile
 	touch $@
 
 ## compose-check: what `make test` checks of the Docker path without a Docker engine: the Dockerfile's
-## build command on the host, the compose file, and nginx natively on the compose nginx.conf
+## build command on the host, the compose file (`config -q` without a profile and with each of
+## `sentinel` and `cluster`, and the profiles' shapes), and nginx natively on the compose nginx.conf
 compose-check: deps
 	$(CARGO) test --test it -- compose::
 

@@ -4,7 +4,16 @@
 #
 #   scripts/stack.sh up       start what is not running yet (running it twice is harmless)
 #   scripts/stack.sh down     stop exactly the processes this stack started
-#   scripts/stack.sh status   show what runs
+#   scripts/stack.sh status   show what runs (and, per topology, who is master of what)
+#
+# TOPOLOGY (for `up`; `down` and `status` read the one `up` recorded in the run directory):
+#   single    (default) one redis-server, three lock nodes, two instances, nginx
+#   sentinel  a master, two replicas and three sentinels instead of the one redis-server;
+#             the instances find the master through the sentinels (REDIS_SENTINELS)
+#   cluster   six cluster nodes (three masters, three replicas); CLUSTER=1 means the same.
+#             The instances run on it only once the binary knows REDIS_CLUSTER.
+# A topology is a list of services (topology_services) and each service a start function
+# (start_service) and a port variable <SERVICE>_PORT: adding one touches those three places.
 #
 # Ports and paths come from the environment; the defaults match docker-compose.yml.
 #
@@ -26,26 +35,79 @@ NGINX_PORT=${NGINX_PORT:-8080}
 LOCK1_PORT=${LOCK1_PORT:-6381}
 LOCK2_PORT=${LOCK2_PORT:-6382}
 LOCK3_PORT=${LOCK3_PORT:-6383}
+# sentinel: the master is REDIS_PORT, with two replicas and three sentinels beside it.
+REPLICA1_PORT=${REPLICA1_PORT:-6384}
+REPLICA2_PORT=${REPLICA2_PORT:-6385}
+SENTINEL1_PORT=${SENTINEL1_PORT:-26380}
+SENTINEL2_PORT=${SENTINEL2_PORT:-26381}
+SENTINEL3_PORT=${SENTINEL3_PORT:-26382}
+REDIS_MASTER_NAME=${REDIS_MASTER_NAME:-inventory}
+# How fast the sentinels act: a master silent this long is down (once two of the three
+# agree), and a failover not done within FAILOVER_TIMEOUT_MS is given up and retried.
+DOWN_AFTER_MS=${DOWN_AFTER_MS:-1000}
+FAILOVER_TIMEOUT_MS=${FAILOVER_TIMEOUT_MS:-3000}
+# cluster: six nodes; each also listens on its port + 10000 (the cluster bus).
+NODE1_PORT=${NODE1_PORT:-7001}
+NODE2_PORT=${NODE2_PORT:-7002}
+NODE3_PORT=${NODE3_PORT:-7003}
+NODE4_PORT=${NODE4_PORT:-7004}
+NODE5_PORT=${NODE5_PORT:-7005}
+NODE6_PORT=${NODE6_PORT:-7006}
+# A node unreachable this long is failed and its replica promoted: fast, for a demo.
+CLUSTER_NODE_TIMEOUT_MS=${CLUSTER_NODE_TIMEOUT_MS:-1000}
 INVENTORY_BIN=$(realpath -m "${INVENTORY_BIN:-$root/target/release/inventory}")
 NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-30}
 # How long `down` waits for a graceful stop before it kills what is left.
 STOP_TIMEOUT_S=${STOP_TIMEOUT_S:-10}
 
-services=(redis lock1 lock2 lock3 app1 app2 nginx)
+# Every service any topology has, in the order `down` stops them: the front first, so no
+# request reaches an instance that is going; the sentinels before the servers they watch,
+# so that stopping the master starts no failover.
+all_services=(nginx app1 app2 sentinel1 sentinel2 sentinel3 replica1 replica2 redis
+  node1 node2 node3 node4 node5 node6 lock1 lock2 lock3)
+cluster_nodes=(node1 node2 node3 node4 node5 node6)
+
+topology_file() { echo "$RUN_DIR/topology"; }
+ports_file() { echo "$RUN_DIR/ports.env"; }
+# The topology `up` recorded, or the one asked for when nothing is recorded.
+recorded_topology() {
+  local f; f=$(topology_file)
+  if [ -s "$f" ]; then cat "$f"; else requested_topology; fi
+}
+requested_topology() {
+  case ${CLUSTER:-} in 1 | yes | true) echo cluster; return ;; esac
+  echo "${TOPOLOGY:-single}"
+}
+
+# Whether the binary reads REDIS_CLUSTER (another change adds it): until then the cluster
+# topology runs the cluster alone.
+app_knows_cluster() { [ -x "$INVENTORY_BIN" ] && "$INVENTORY_BIN" --help 2>/dev/null | grep -q 'REDIS_CLUSTER'; }
+
+# The services of a topology, in start order.
+topology_services() {
+  case $1 in
+    single) echo redis lock1 lock2 lock3 app1 app2 nginx ;;
+    sentinel) echo redis replica1 replica2 sentinel1 sentinel2 sentinel3 lock1 lock2 lock3 app1 app2 nginx ;;
+    cluster)
+      if app_knows_cluster; then
+        echo "${cluster_nodes[*]}" lock1 lock2 lock3 app1 app2 nginx
+      else
+        echo "${cluster_nodes[*]}"
+      fi
+      ;;
+    *) die "unknown TOPOLOGY '$1': single, sentinel or cluster" ;;
+  esac
+}
 
 pidfile() { echo "$RUN_DIR/$1.pid"; }
 # Alive and not a zombie: an exited process stays visible to `kill -0` until whoever
 # adopted it gets round to reaping it.
 alive() { kill -0 "$1" 2>/dev/null && ! grep -q '^[^)]*) Z' "/proc/$1/stat" 2>/dev/null; }
 running() { local f; f=$(pidfile "$1"); [ -s "$f" ] && alive "$(cat "$f")"; }
-port_of() {
-  case $1 in
-    redis) echo "$REDIS_PORT" ;; app1) echo "$APP1_PORT" ;;
-    lock1) echo "$LOCK1_PORT" ;; lock2) echo "$LOCK2_PORT" ;; lock3) echo "$LOCK3_PORT" ;;
-    app2) echo "$APP2_PORT" ;; nginx) echo "$NGINX_PORT" ;;
-  esac
-}
+# A service's port is the variable <SERVICE>_PORT.
+port_of() { local var="${1^^}_PORT"; echo "${!var}"; }
+is_cluster_node() { [[ $1 == node[0-9]* ]]; }
 # True when something accepts connections on the port.
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 die() { echo "stack: $*" >&2; exit 1; }
@@ -56,13 +118,118 @@ die() { echo "stack: $*" >&2; exit 1; }
 # are in the kernel already) can lose at most the last second of sales, where "always" would
 # put a disk flush into every sale made under the lock. RDB snapshots stay off ("save"):
 # the append-only file is the one copy, and no periodic fork doubles the memory.
+#
+# Under the sentinel topology the replicas keep the same file: one of them may become the
+# master, and then it is the stock's copy.
 start_redis() {
-  mkdir -p "$RUN_DIR/redis"
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" \
+  local name=$1 port=$2; shift 2
+  mkdir -p "$RUN_DIR/$name"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" \
     --appendonly yes --appendfsync everysec \
-    --dir "$RUN_DIR/redis" --daemonize yes --pidfile "$(pidfile redis)" \
-    --logfile "$RUN_DIR/redis.log" >/dev/null
-  wait_for_redis redis "$REDIS_PORT"
+    --dir "$RUN_DIR/$name" --daemonize yes --pidfile "$(pidfile "$name")" \
+    --logfile "$RUN_DIR/$name.log" "$@" >/dev/null
+  wait_for_redis "$name" "$port"
+}
+
+# "host port" of the master now: what a running sentinel names, else REDIS_PORT's server
+# (the master of a fresh stack).
+current_master() {
+  local svc reply
+  for svc in sentinel1 sentinel2 sentinel3; do
+    running "$svc" || continue
+    reply=$({ redis-cli -p "$(port_of "$svc")" sentinel get-master-addr-by-name "$REDIS_MASTER_NAME" 2>/dev/null || true; } | paste -sd' ' -)
+    if [ -n "$reply" ]; then echo "$reply"; return; fi
+  done
+  echo "127.0.0.1 $REDIS_PORT"
+}
+
+# A server of the sentinel topology (the master, a replica), started as a replica of the
+# master of the moment unless it is that master: after a failover, a server that `up`
+# starts again (the old master among them) joins the new master instead of being a
+# second one with old data. `up` waits for its first sync, so that the sentinels, started
+# next, find the replicas in sync.
+start_replica() {
+  local name=$1 port=$2 master
+  master=$(current_master)
+  if [ "$master" = "127.0.0.1 $port" ]; then
+    start_redis "$name" "$port"
+    return
+  fi
+  # shellcheck disable=SC2086 # host and port, two words
+  start_redis "$name" "$port" --replicaof $master
+  for _ in $(seq 100); do
+    redis-cli -p "$port" info replication 2>/dev/null | grep -q '^master_link_status:up' && return 0
+    sleep 0.1
+  done
+  die "$name did not sync with the master on port $REDIS_PORT; see $RUN_DIR/$name.log"
+}
+
+# A sentinel rewrites its own configuration file (what it learnt: replicas, other
+# sentinels, the master after a failover), so each has a file of its own under the run
+# directory, written here only when absent: a sentinel started again while the stack runs
+# keeps what it knew. `down` removes them with the stack. Quorum 2 of 3.
+start_sentinel() {
+  local name=$1 port=$2 conf="$RUN_DIR/$1.conf"
+  mkdir -p "$RUN_DIR/$name"
+  if [ ! -s "$conf" ]; then
+    cat >"$conf" <<CONF
+port $port
+bind 127.0.0.1
+daemonize yes
+pidfile $(pidfile "$name")
+logfile $RUN_DIR/$name.log
+dir $RUN_DIR/$name
+sentinel monitor $REDIS_MASTER_NAME 127.0.0.1 $REDIS_PORT 2
+sentinel down-after-milliseconds $REDIS_MASTER_NAME $DOWN_AFTER_MS
+sentinel failover-timeout $REDIS_MASTER_NAME $FAILOVER_TIMEOUT_MS
+sentinel parallel-syncs $REDIS_MASTER_NAME 1
+CONF
+  fi
+  redis-server "$conf" --sentinel >/dev/null
+  wait_for_redis "$name" "$port"
+}
+
+# A cluster node keeps nothing but its cluster state (nodes.conf, in its directory): the
+# cluster topology is a demo of slots and failover, started fresh by every `up` after a
+# `down`. Its bus port (port + 10000) must be free too.
+start_cluster_node() {
+  local name=$1 port=$2
+  mkdir -p "$RUN_DIR/$name"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    --cluster-enabled yes --cluster-config-file nodes.conf \
+    --cluster-node-timeout "$CLUSTER_NODE_TIMEOUT_MS" \
+    --dir "$RUN_DIR/$name" --daemonize yes --pidfile "$(pidfile "$name")" \
+    --logfile "$RUN_DIR/$name.log" >/dev/null
+  wait_for_redis "$name" "$port"
+}
+
+# A field of `CLUSTER INFO` of the node on port $1; empty when it does not answer.
+cluster_field() { { redis-cli -p "$1" cluster info 2>/dev/null || true; } | tr -d '\r' | sed -n "s/^$2://p"; }
+
+# Joins the six nodes into one cluster (three masters, a replica each) unless they already
+# are one, then waits until every node says cluster_state:ok.
+create_cluster() {
+  local node known fresh=0 addrs=()
+  for node in "${cluster_nodes[@]}"; do
+    known=$(cluster_field "$(port_of "$node")" cluster_known_nodes)
+    [ "$known" = 1 ] && fresh=$((fresh + 1))
+    addrs+=("127.0.0.1:$(port_of "$node")")
+  done
+  if [ "$fresh" = "${#cluster_nodes[@]}" ]; then
+    redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
+      >"$RUN_DIR/cluster-create.log" 2>&1 \
+      || { cat "$RUN_DIR/cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
+    echo "cluster created: ${addrs[*]}"
+  elif [ "$fresh" != 0 ]; then
+    die "some cluster nodes are fresh and others already in a cluster; run down, then up"
+  fi
+  local deadline=$((SECONDS + READY_TIMEOUT_S))
+  for node in "${cluster_nodes[@]}"; do
+    until [ "$(cluster_field "$(port_of "$node")" cluster_state)" = ok ]; do
+      [ $SECONDS -ge $deadline ] && die "$node: no cluster_state:ok within ${READY_TIMEOUT_S}s"
+      sleep 0.2
+    done
+  done
 }
 
 wait_for_redis() {
@@ -92,8 +259,22 @@ start_app() {
   # setsid: a session and process group of its own, so that `down` can signal the group,
   # and so that a Ctrl-C in the terminal that ran `up` does not reach it. It execs (no
   # fork: a background job of a script is no group leader), so $! is the instance itself.
-  PORT=$port BIND_ADDR=127.0.0.1 INSTANCE_NAME=$name \
-    REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
+  # Where the stock is: the one server, the master the sentinels name, or the cluster.
+  # The lock nodes are the same three in every topology.
+  local store=() node
+  case $topology in
+    single) store=(REDIS_URL="redis://127.0.0.1:$REDIS_PORT") ;;
+    sentinel)
+      store=(REDIS_SENTINELS="127.0.0.1:$SENTINEL1_PORT,127.0.0.1:$SENTINEL2_PORT,127.0.0.1:$SENTINEL3_PORT"
+        REDIS_MASTER_NAME="$REDIS_MASTER_NAME")
+      ;;
+    cluster)
+      local seeds=()
+      for node in "${cluster_nodes[@]}"; do seeds+=("redis://127.0.0.1:$(port_of "$node")"); done
+      store=(REDIS_CLUSTER="$(IFS=,; echo "${seeds[*]}")")
+      ;;
+  esac
+  env PORT="$port" BIND_ADDR=127.0.0.1 INSTANCE_NAME="$name" "${store[@]}" \
     LOCK_NODES="redis://127.0.0.1:$LOCK1_PORT,redis://127.0.0.1:$LOCK2_PORT,redis://127.0.0.1:$LOCK3_PORT" \
     setsid "$INVENTORY_BIN" >>"$RUN_DIR/$name.log" 2>&1 </dev/null &
   echo $! >"$(pidfile "$name")"
@@ -125,28 +306,70 @@ wait_ready() {
 up() {
   mkdir -p "$RUN_DIR"
   cd "$RUN_DIR"
-  local svc port
-  for svc in "${services[@]}"; do
-    if ! running "$svc" && listening "$(port_of "$svc")"; then
-      die "port $(port_of "$svc") (for $svc) is taken by another process; stop it or set ${svc^^}_PORT"
+  topology=$(requested_topology)
+  local svc port services recorded
+  services=$(topology_services "$topology")
+  recorded=$(topology_file)
+  if [ -s "$recorded" ] && [ "$(cat "$recorded")" != "$topology" ] && [ -n "$(running_services)" ]; then
+    die "the stack runs as topology $(cat "$recorded") ($(running_services)); run down first"
+  fi
+  for svc in $services; do
+    running "$svc" && continue
+    port=$(port_of "$svc")
+    if listening "$port"; then
+      die "port $port (for $svc) is taken by another process; stop it or set ${svc^^}_PORT"
+    fi
+    if is_cluster_node "$svc" && listening $((port + 10000)); then
+      die "port $((port + 10000)) (cluster bus of $svc) is taken by another process; stop it or set ${svc^^}_PORT"
     fi
   done
-  for svc in "${services[@]}"; do
+  echo "$topology" >"$recorded"
+  # The ports of this run, for `status` (which asks the servers themselves) in a shell
+  # that lacks the variables `up` had.
+  for svc in "${all_services[@]}"; do echo "${svc^^}_PORT=$(port_of "$svc")"; done >"$(ports_file)"
+  echo "REDIS_MASTER_NAME=$REDIS_MASTER_NAME" >>"$(ports_file)"
+  for svc in $services; do
     if running "$svc"; then
       echo "$svc already running (pid $(cat "$(pidfile "$svc")"))"
       continue
     fi
     port=$(port_of "$svc")
-    case $svc in
-      redis) start_redis ;;
-      lock1 | lock2 | lock3) start_lock_node "$svc" "$port" ;;
-      app1 | app2) start_app "$svc" "$port" ;;
-      nginx) start_nginx ;;
-    esac
+    start_service "$svc" "$port"
     echo "$svc started on 127.0.0.1:$port"
   done
+  case $topology in
+    cluster)
+      create_cluster
+      if ! app_knows_cluster; then
+        echo "cluster ready: ${#cluster_nodes[@]} nodes from 127.0.0.1:$NODE1_PORT (run dir $RUN_DIR)"
+        echo "note: the instances and nginx are not started on the cluster yet: $(basename "$INVENTORY_BIN") does not read REDIS_CLUSTER"
+        return 0
+      fi
+      ;;
+  esac
   wait_ready
-  echo "stack ready: http://127.0.0.1:$NGINX_PORT (run dir $RUN_DIR)"
+  echo "stack ready ($topology): http://127.0.0.1:$NGINX_PORT (run dir $RUN_DIR)"
+}
+
+start_service() {
+  local svc=$1 port=$2
+  case $svc in
+    redis) if [ "$topology" = sentinel ]; then start_replica redis "$port"; else start_redis redis "$port"; fi ;;
+    replica1 | replica2) start_replica "$svc" "$port" ;;
+    sentinel1 | sentinel2 | sentinel3) start_sentinel "$svc" "$port" ;;
+    node[1-6]) start_cluster_node "$svc" "$port" ;;
+    lock1 | lock2 | lock3) start_lock_node "$svc" "$port" ;;
+    app1 | app2) start_app "$svc" "$port" ;;
+    nginx) start_nginx ;;
+    *) die "no way to start $svc" ;;
+  esac
+}
+
+# The services whose process runs, whatever the topology.
+running_services() {
+  local svc out=()
+  for svc in "${all_services[@]}"; do running "$svc" && out+=("$svc"); done
+  echo "${out[*]}"
 }
 
 # The live processes that belong to the service whose leader had pid $1 and whose command
@@ -197,30 +420,91 @@ stop_service() {
 }
 
 down() {
-  # nginx first, so no request reaches an instance that is going; SIGQUIT is its graceful
-  # stop (finish the requests in flight), SIGTERM would be its fast one.
-  local status=0 app
+  # Every service that has a pid file, whatever the topology: what was started is stopped,
+  # also after a topology was changed by hand. nginx stops with SIGQUIT, its graceful stop
+  # (finish the requests in flight); SIGTERM would be its fast one.
+  local status=0 app svc
   # A command name is at most 15 characters.
   app=$(basename "$INVENTORY_BIN" | cut -c1-15)
-  stop_service nginx QUIT nginx || status=1
-  stop_service app1 TERM "$app" || status=1
-  stop_service app2 TERM "$app" || status=1
-  stop_service redis TERM redis || status=1
-  stop_service lock1 TERM redis || status=1
-  stop_service lock2 TERM redis || status=1
-  stop_service lock3 TERM redis || status=1
+  for svc in "${all_services[@]}"; do
+    case $svc in
+      nginx) stop_service nginx QUIT nginx || status=1 ;;
+      app1 | app2) stop_service "$svc" TERM "$app" || status=1 ;;
+      *) stop_service "$svc" TERM redis || status=1 ;;
+    esac
+  done
+  if [ $status = 0 ]; then
+    # What the sentinels and the cluster nodes learnt belongs to the processes just
+    # stopped: the next `up` starts them from scratch (the stock's append-only files stay).
+    rm -f "$RUN_DIR"/sentinel[1-3].conf "$(topology_file)" "$(ports_file)"
+    for svc in "${cluster_nodes[@]}"; do rm -rf "${RUN_DIR:?}/$svc"; done
+  fi
   return $status
 }
 
+# `INFO replication` field of the server on port $1.
+replication_field() { { redis-cli -p "$1" info replication 2>/dev/null || true; } | tr -d '\r' | sed -n "s/^$2://p"; }
+
+status_sentinel() {
+  local svc port master="" reply
+  for svc in sentinel1 sentinel2 sentinel3; do
+    running "$svc" || continue
+    reply=$({ redis-cli -p "$(port_of "$svc")" sentinel get-master-addr-by-name "$REDIS_MASTER_NAME" 2>/dev/null || true; } | paste -sd: -)
+    if [ -n "$reply" ]; then master=$reply; echo "master now (says $svc): $master"; break; fi
+  done
+  [ -n "$master" ] || echo "master now: unknown (no sentinel answers)"
+  for svc in redis replica1 replica2; do
+    running "$svc" || continue
+    port=$(port_of "$svc")
+    case $(replication_field "$port" role) in
+      master)
+        echo "$svc 127.0.0.1:$port: master, offset $(replication_field "$port" master_repl_offset), $(replication_field "$port" connected_slaves) replica(s) connected" ;;
+      slave)
+        echo "$svc 127.0.0.1:$port: replica of $(replication_field "$port" master_host):$(replication_field "$port" master_port), link $(replication_field "$port" master_link_status), offset $(replication_field "$port" slave_repl_offset)" ;;
+      *) echo "$svc 127.0.0.1:$port: does not answer" ;;
+    esac
+  done
+}
+
+status_cluster() {
+  local svc port=""
+  for svc in "${cluster_nodes[@]}"; do
+    if running "$svc"; then port=$(port_of "$svc"); break; fi
+  done
+  if [ -z "$port" ]; then echo "cluster: no node runs"; return; fi
+  echo "cluster_state: $(cluster_field "$port" cluster_state) (asked 127.0.0.1:$port)"
+  # CLUSTER NODES: id addr@bus flags master-id ping pong epoch link slot...
+  { redis-cli -p "$port" cluster nodes 2>/dev/null || true; } | tr -d '\r' | awk '
+    { id[NR] = $1; addr[$1] = $2; sub(/@.*/, "", addr[$1]); flags[NR] = $3; master[NR] = $4
+      slots[NR] = ""; for (i = 9; i <= NF; i++) slots[NR] = slots[NR] " " $i; link[NR] = $8 }
+    END {
+      for (n = 1; n <= NR; n++) if (flags[n] ~ /master/)
+        printf "master  %s slots%s (%s%s)\n", addr[id[n]], (slots[n] == "" ? " none" : slots[n]), link[n], (flags[n] ~ /fail/ ? ", failed" : "")
+      for (n = 1; n <= NR; n++) if (flags[n] ~ /slave/)
+        printf "replica %s follows %s (%s%s)\n", addr[id[n]], addr[master[n]], link[n], (flags[n] ~ /fail/ ? ", failed" : "")
+    }' | sort
+}
+
 status() {
-  local svc
-  for svc in "${services[@]}"; do
+  local svc topology
+  # shellcheck disable=SC1090 # written by `up`
+  if [ -s "$(ports_file)" ]; then source "$(ports_file)"; fi
+  topology=$(recorded_topology)
+  echo "topology: $topology"
+  for svc in $(topology_services "$topology"); do
     if running "$svc"; then
       echo "$svc: running (pid $(cat "$(pidfile "$svc")"), 127.0.0.1:$(port_of "$svc"))"
     else
       echo "$svc: stopped"
     fi
   done
+  case $topology in
+    sentinel) status_sentinel ;;
+    cluster)
+      status_cluster
+      app_knows_cluster || echo "(the instances are not started on the cluster: the binary does not read REDIS_CLUSTER yet)"
+      ;;
+  esac
 }
 
 case ${1:-} in

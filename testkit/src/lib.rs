@@ -14,6 +14,9 @@
 //!   process's log), an HTTP client that reads `X-Instance`, and a cluster or a whole stack
 //!   in one call.
 //!
+//! [`RedisCluster`]: three masters and three replicas of a Redis Cluster, with the faults a
+//! cluster has (a master killed, a slot half-way through a migration).
+//!
 //! Beside them, lock nodes of their own ([`fixture::LockNodes`]: N `redis-server` processes
 //! for `LOCK_NODES`) and real network faults ([`netns`]: a namespace with veth links that
 //! can be cut, slowed or made lossy, removed on drop), with [`DelayProxy`] for a delay where
@@ -32,6 +35,7 @@ pub mod netns;
 pub mod nginx;
 pub mod proxy;
 pub mod redis;
+pub mod redis_cluster;
 pub mod sentinel;
 
 pub use group::{DEFAULT_GRACE, ProcStat, ProcessGroup, group_members, signal_named};
@@ -40,6 +44,7 @@ pub use netns::{Link, Namespace};
 pub use nginx::NginxProcess;
 pub use proxy::DelayProxy;
 pub use redis::RedisProcess;
+pub use redis_cluster::{ClusterNodeInfo, Migration, RedisCluster, free_cluster_port};
 pub use sentinel::{SentinelProcess, SentinelTiming, master_port, start_sentinels};
 
 /// A port the OS had free a moment ago; servers that then fail to bind it are retried.

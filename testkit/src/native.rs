@@ -1,5 +1,7 @@
 //! `scripts/stack.sh`, the native stack of `make up`, run on free ports in a directory of
 //! its own, so that tests can start, restart and stop it without touching a running demo.
+//! [`SERVICES`] and [`stack_script`] are the default topology; [`Topology`],
+//! [`TopologyPorts`] and [`stack_script_in`] any of them (`TOPOLOGY=sentinel`, `cluster`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -29,14 +31,132 @@ pub fn stack_script(
     inventory: &Path,
     verb: &str,
 ) -> Output {
+    let ports = TopologyPorts {
+        topology: Topology::Single,
+        ports: SERVICES
+            .iter()
+            .copied()
+            .zip(ports.iter().copied())
+            .collect(),
+    };
+    stack_script_in(script, run_dir, &ports, inventory, verb, &[])
+}
+
+/// The shapes `stack.sh up` starts (its `TOPOLOGY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// One redis-server, three lock nodes, two instances, nginx ([`SERVICES`]).
+    Single,
+    /// A master (`redis`), two replicas and three sentinels instead of the one server.
+    Sentinel,
+    /// Six Redis Cluster nodes (instances and nginx only once the binary reads
+    /// `REDIS_CLUSTER`).
+    Cluster,
+}
+
+impl Topology {
+    /// Its name in `TOPOLOGY=` and in what `stack.sh status` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::Single => "single",
+            Topology::Sentinel => "sentinel",
+            Topology::Cluster => "cluster",
+        }
+    }
+
+    /// Every service whose `<SERVICE>_PORT` the topology may use, in start order.
+    pub fn services(self) -> &'static [&'static str] {
+        match self {
+            Topology::Single => &SERVICES,
+            Topology::Sentinel => &[
+                "redis",
+                "replica1",
+                "replica2",
+                "sentinel1",
+                "sentinel2",
+                "sentinel3",
+                "lock1",
+                "lock2",
+                "lock3",
+                "app1",
+                "app2",
+                "nginx",
+            ],
+            Topology::Cluster => &[
+                "node1", "node2", "node3", "node4", "node5", "node6", "lock1", "lock2", "lock3",
+                "app1", "app2", "nginx",
+            ],
+        }
+    }
+}
+
+/// A port for every service of a topology.
+#[derive(Debug, Clone)]
+pub struct TopologyPorts {
+    pub topology: Topology,
+    pub ports: Vec<(&'static str, u16)>,
+}
+
+impl TopologyPorts {
+    /// Free ports for every service; a cluster node's bus port (+ 10000) is free as well.
+    pub fn free(topology: Topology) -> Self {
+        let ports = topology
+            .services()
+            .iter()
+            .map(|&service| {
+                let port = if service.starts_with("node") {
+                    crate::free_cluster_port()
+                } else {
+                    crate::free_port()
+                };
+                (service, port.expect("a free port"))
+            })
+            .collect();
+        Self { topology, ports }
+    }
+
+    pub fn port(&self, service: &str) -> u16 {
+        self.ports
+            .iter()
+            .find(|(s, _)| *s == service)
+            .unwrap_or_else(|| panic!("{service} is no service of {:?}", self.topology))
+            .1
+    }
+
+    /// Every port the stack may listen on, cluster bus ports included.
+    pub fn all(&self) -> Vec<u16> {
+        let mut all: Vec<u16> = self.ports.iter().map(|(_, p)| *p).collect();
+        for (service, port) in &self.ports {
+            if service.starts_with("node") {
+                all.push(port + 10_000);
+            }
+        }
+        all
+    }
+}
+
+/// Runs `TOPOLOGY=<topology> stack.sh <verb>` for the stack kept in `run_dir`, with
+/// `inventory` as its binary and `env` on top (`DOWN_AFTER_MS`, say). `TOPOLOGY` and
+/// `CLUSTER` of the caller's environment never leak in.
+pub fn stack_script_in(
+    script: &Path,
+    run_dir: &Path,
+    ports: &TopologyPorts,
+    inventory: &Path,
+    verb: &str,
+    env: &[(&str, &str)],
+) -> Output {
     let mut command = Command::new(script);
     command
         .arg(verb)
         .env("RUN_DIR", run_dir)
-        .env("INVENTORY_BIN", inventory);
-    for (service, port) in SERVICES.iter().zip(ports) {
+        .env("INVENTORY_BIN", inventory)
+        .env("TOPOLOGY", ports.topology.name())
+        .env_remove("CLUSTER");
+    for (service, port) in &ports.ports {
         command.env(format!("{}_PORT", service.to_uppercase()), port.to_string());
     }
+    command.envs(env.iter().copied());
     command.output().expect("run scripts/stack.sh")
 }
 

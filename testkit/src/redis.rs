@@ -28,7 +28,16 @@ pub struct RedisProcess {
 impl RedisProcess {
     /// `extra` is passed on to `redis-server` (`--notify-keyspace-events Ex`, say).
     pub async fn start(extra: &[&str]) -> anyhow::Result<Self> {
-        Self::start_on(None, vec!["127.0.0.1".to_owned()], extra).await
+        Self::start_on(None, vec!["127.0.0.1".to_owned()], extra, free_port).await
+    }
+
+    /// [`start`](Self::start) on a port that `pick` chooses (a cluster node needs its port
+    /// + 10000 free as well).
+    pub async fn start_picking(
+        pick: fn() -> anyhow::Result<u16>,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        Self::start_on(None, vec!["127.0.0.1".to_owned()], extra, pick).await
     }
 
     /// A server inside network namespace `ns`, listening on `binds` (the namespace's ends of
@@ -43,19 +52,20 @@ impl RedisProcess {
         let binds = binds.iter().map(|a| a.to_string()).collect();
         let mut extra = extra.to_vec();
         extra.extend(["--protected-mode", "no"]);
-        Self::start_on(Some(ns.name.clone()), binds, &extra).await
+        Self::start_on(Some(ns.name.clone()), binds, &extra, free_port).await
     }
 
     async fn start_on(
         netns: Option<String>,
         binds: Vec<String>,
         extra: &[&str],
+        pick: fn() -> anyhow::Result<u16>,
     ) -> anyhow::Result<Self> {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let mut last_log = String::new();
         for _ in 0..START_ATTEMPTS {
             let dir = tempfile::tempdir()?;
-            let port = free_port()?;
+            let port = pick()?;
             let process = spawn_redis(port, dir.path(), &extra, &binds, netns.as_deref())?;
             let server = RedisProcess {
                 process,

@@ -274,21 +274,44 @@ fn published(config: &serde_yaml::Value) -> Vec<(String, String)> {
     out
 }
 
+/// The compose profiles besides the default services (`docker compose --profile NAME`).
+const PROFILES: [&str; 2] = ["sentinel", "cluster"];
+
 #[test]
 fn the_compose_file_publishes_only_on_loopback_unless_told_otherwise() {
-    let quiet = Command::new("docker-compose")
-        .current_dir(repo_path(""))
-        .args(["--env-file", ".env.example", "config", "-q"])
-        .env_remove("PUBLISH_ADDR")
-        .status()
-        .expect("docker-compose");
-    assert!(quiet.success());
+    let profile_args = [vec![]].into_iter().chain(
+        PROFILES
+            .iter()
+            .map(|p| vec!["--profile".to_owned(), (*p).to_owned()]),
+    );
+    for profile in profile_args {
+        let quiet = Command::new("docker-compose")
+            .current_dir(repo_path(""))
+            .args(&profile)
+            .args(["--env-file", ".env.example", "config", "-q"])
+            .env_remove("PUBLISH_ADDR")
+            .env_remove("SENTINEL_NGINX_PORT")
+            .output()
+            .expect("docker-compose");
+        assert!(
+            quiet.status.success(),
+            "docker-compose {profile:?} config -q: {}",
+            String::from_utf8_lossy(&quiet.stderr)
+        );
+    }
 
+    // `config` lists the profiles' services too: the default nginx and the sentinel one.
     let ports = published(&compose_config(&[]));
-    assert_eq!(ports, [("127.0.0.1".to_owned(), "8080".to_owned())]);
+    assert_eq!(
+        ports,
+        [("127.0.0.1", "8080"), ("127.0.0.1", "8081")].map(|(a, p)| (a.to_owned(), p.to_owned()))
+    );
 
     let opened = published(&compose_config(&[("PUBLISH_ADDR", "0.0.0.0")]));
-    assert_eq!(opened, [("0.0.0.0".to_owned(), "8080".to_owned())]);
+    assert_eq!(
+        opened,
+        [("0.0.0.0", "8080"), ("0.0.0.0", "8081")].map(|(a, p)| (a.to_owned(), p.to_owned()))
+    );
     let example = std::fs::read_to_string(repo_path(".env.example")).unwrap();
     assert!(
         example.contains("PUBLISH_ADDR="),
@@ -438,6 +461,164 @@ fn the_compose_file_agrees_with_the_native_stack() {
     let nginx = std::fs::read_to_string(repo_path("nginx/nginx.conf")).unwrap();
     assert!(nginx.contains("server app1:7777 ") && nginx.contains("server app2:8888 "));
     assert!(nginx.contains("listen 8080;"));
+}
+
+/// The `command` (or `entrypoint`) of a service as its words.
+fn words(service: &serde_yaml::Value, key: &str) -> Vec<String> {
+    service[key]
+        .as_sequence()
+        .unwrap_or_else(|| panic!("no {key} list: {service:?}"))
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn profiles_of(service: &serde_yaml::Value) -> Vec<&str> {
+    service
+        .get("profiles")
+        .and_then(|p| p.as_sequence())
+        .map(|p| p.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// The profiles have the shapes of the native topologies (`make up TOPOLOGY=sentinel`,
+/// `CLUSTER=1`): a master, two replicas of it and three sentinels with a quorum of two in
+/// front of two instances that find the master through them, and nginx; six cluster nodes
+/// joined once. What Docker must not restart by itself is `restart: "no"`.
+#[test]
+fn the_compose_profiles_have_the_shapes_of_the_native_topologies() {
+    let config = compose_config(&[]);
+    let services = config["services"].as_mapping().unwrap();
+    let in_profile = |profile: &str| -> Vec<String> {
+        services
+            .iter()
+            .filter(|(_, s)| profiles_of(s).contains(&profile))
+            .map(|(name, _)| name.as_str().unwrap().to_owned())
+            .collect()
+    };
+    // The default services stay in no profile: `docker compose up` is the single stack.
+    for name in ["redis", "lock1", "lock2", "lock3", "app1", "app2", "nginx"] {
+        assert!(profiles_of(&config["services"][name]).is_empty(), "{name}");
+    }
+
+    let sentinel = in_profile("sentinel");
+    let mut expected = vec![
+        "sentinel-master",
+        "sentinel-replica1",
+        "sentinel-replica2",
+        "sentinel1",
+        "sentinel2",
+        "sentinel3",
+        "sentinel-app1",
+        "sentinel-app2",
+        "sentinel-nginx",
+    ];
+    expected.sort();
+    let mut got = sentinel.clone();
+    got.sort();
+    assert_eq!(got, expected);
+    let service = |name: &str| &config["services"][name];
+    for replica in ["sentinel-replica1", "sentinel-replica2"] {
+        let command = words(service(replica), "command").join(" ");
+        assert!(
+            command.contains("--replicaof sentinel-master 6379"),
+            "{command}"
+        );
+    }
+    for server in ["sentinel-master", "sentinel-replica1", "sentinel-replica2"] {
+        assert_eq!(service(server)["restart"].as_str(), Some("no"), "{server}");
+        assert!(
+            service(server).get("ports").is_none(),
+            "{server} is published"
+        );
+        let command = words(service(server), "command").join(" ");
+        assert!(command.contains("--appendonly yes"), "{server}: {command}");
+    }
+    let conf = std::fs::read_to_string(repo_path("redis/sentinel.conf")).unwrap();
+    assert!(
+        conf.lines()
+            .any(|l| l == "sentinel monitor inventory sentinel-master 6379 2"),
+        "{conf}"
+    );
+    for name in ["sentinel1", "sentinel2", "sentinel3"] {
+        let entrypoint = words(service(name), "entrypoint").join(" ");
+        assert!(
+            entrypoint.contains("redis-server /data/sentinel.conf --sentinel"),
+            "{entrypoint}"
+        );
+        let volumes = serde_yaml::to_string(&service(name)["volumes"]).unwrap();
+        assert!(volumes.contains("redis/sentinel.conf"), "{volumes}");
+    }
+    let help = Command::new(env!("CARGO_BIN_EXE_inventory"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for app in ["sentinel-app1", "sentinel-app2"] {
+        let env = service(app)["environment"].as_mapping().unwrap();
+        for key in env.keys() {
+            let key = key.as_str().unwrap();
+            assert!(
+                help.contains(&format!("[env: {key}")),
+                "{app} sets {key}, unknown to inventory"
+            );
+        }
+        assert!(
+            env.get("REDIS_URL").is_none(),
+            "{app} must ask the sentinels"
+        );
+        assert_eq!(
+            env["REDIS_SENTINELS"].as_str(),
+            Some("sentinel1:26379,sentinel2:26379,sentinel3:26379")
+        );
+        assert!(conf.contains(&format!(
+            "monitor {} ",
+            env["REDIS_MASTER_NAME"].as_str().unwrap()
+        )));
+    }
+    // Its nginx (the same nginx.conf) finds the profile's instances as app1 and app2 on the
+    // profile's network, which nginx.conf exempts from the per-client limits like the
+    // default one.
+    let aliases = serde_yaml::to_string(&service("sentinel-app1")["networks"]).unwrap();
+    assert!(aliases.contains("- app1"), "{aliases}");
+    let subnet = config["networks"]["sentinel"]["ipam"]["config"][0]["subnet"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let nginx = std::fs::read_to_string(repo_path("nginx/nginx.conf")).unwrap();
+    assert!(
+        nginx
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == [subnet.as_str(), "1;"]),
+        "nginx.conf's geo must exempt {subnet}"
+    );
+
+    let cluster = in_profile("cluster");
+    assert_eq!(cluster.len(), 7, "{cluster:?}");
+    for n in 1..=6 {
+        let node = service(&format!("cluster-node{n}"));
+        assert_eq!(node["restart"].as_str(), Some("no"), "cluster-node{n}");
+        assert!(node.get("ports").is_none());
+        let command = words(node, "command").join(" ");
+        assert!(
+            command.contains("--cluster-enabled yes") && command.contains("--requirepass"),
+            "{command}"
+        );
+    }
+    let create = service("cluster-create");
+    assert_eq!(create["restart"].as_str(), Some("no"));
+    let script = words(create, "entrypoint").join(" ");
+    assert!(
+        script.contains("--cluster create") && script.contains("--cluster-replicas 1"),
+        "{script}"
+    );
+    assert!(
+        services
+            .iter()
+            .filter(|(_, s)| profiles_of(s).contains(&"cluster"))
+            .all(|(_, s)| s.get("ports").is_none()),
+        "the cluster is not published"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

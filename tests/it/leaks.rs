@@ -20,15 +20,15 @@ use crate::harness::repo_path;
 /// What one stack started: where its processes run, the process groups they lead and the
 /// ports they listen on.
 #[derive(Debug, Default)]
-struct Footprint {
-    dirs: Vec<PathBuf>,
-    leaders: Vec<u32>,
-    ports: Vec<u16>,
+pub(crate) struct Footprint {
+    pub(crate) dirs: Vec<PathBuf>,
+    pub(crate) leaders: Vec<u32>,
+    pub(crate) ports: Vec<u16>,
 }
 
 /// A process as the scan reports it.
 #[derive(Debug)]
-struct Survivor {
+pub(crate) struct Survivor {
     stat: ProcStat,
     cmdline: String,
     cwd: String,
@@ -52,7 +52,7 @@ impl Footprint {
 
     /// The live processes that belong to this stack: run in or name one of its
     /// directories, or sit in one of its groups or under one of its leaders.
-    fn processes(&self) -> Vec<Survivor> {
+    pub(crate) fn processes(&self) -> Vec<Survivor> {
         let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
         ProcStat::all()
             .into_iter()
@@ -77,7 +77,7 @@ impl Footprint {
     }
 
     /// Its ports that something is listening on, from the kernel's socket tables.
-    fn listening(&self) -> Vec<u16> {
+    pub(crate) fn listening(&self) -> Vec<u16> {
         let mut ports = Vec::new();
         for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
             let text = std::fs::read_to_string(table).unwrap_or_default();
@@ -101,7 +101,7 @@ impl Footprint {
     /// Asserts that nothing of the stack is left. SIGKILL is delivered asynchronously and a
     /// killed process adopted by init may take a moment to die, so this waits a little; a
     /// real leak stays.
-    async fn assert_gone(&self) {
+    pub(crate) async fn assert_gone(&self) {
         let deadline = Instant::now() + Duration::from_secs(3);
         while Instant::now() < deadline
             && !(self.processes().is_empty() && self.listening().is_empty())

@@ -6,6 +6,7 @@
 mod api;
 mod attack;
 mod browser;
+mod cluster_fixture;
 mod compose;
 mod handoff;
 mod harness;
@@ -21,3 +22,4 @@ mod safety;
 mod scenarios;
 mod stack;
 mod strategies;
+mod topologies;

@@ -1,0 +1,398 @@
+//! The native stack's other topologies (`make up TOPOLOGY=sentinel`, `make up CLUSTER=1`),
+//! run by `scripts/stack.sh` on free ports in a run directory of their own: the sentinel
+//! stack sells through nginx again by itself after its master is killed, `status` tells who
+//! is master of what, and `down` leaves no process and no listening port behind.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use testkit::native::{self, Topology, TopologyPorts};
+
+use crate::harness::repo_path;
+use crate::leaks::Footprint;
+
+/// The sentinels' timing the test gives the stack (its defaults too).
+const DOWN_AFTER_MS: u64 = 1_000;
+const FAILOVER_TIMEOUT_MS: u64 = 3_000;
+
+/// A topology's stack on free ports in a temporary run directory, with the debug binary;
+/// `down` once more when dropped, so a failed assertion leaves nothing running.
+struct TopologyStack {
+    run_dir: tempfile::TempDir,
+    ports: TopologyPorts,
+}
+
+impl TopologyStack {
+    fn new(topology: Topology) -> Self {
+        Self {
+            run_dir: tempfile::tempdir().unwrap(),
+            ports: TopologyPorts::free(topology),
+        }
+    }
+
+    fn run(&self, verb: &str) -> (Output, String) {
+        let output = native::stack_script_in(
+            &repo_path("scripts/stack.sh"),
+            self.run_dir.path(),
+            &self.ports,
+            env!("CARGO_BIN_EXE_inventory").as_ref(),
+            verb,
+            &[
+                ("DOWN_AFTER_MS", &DOWN_AFTER_MS.to_string()),
+                ("FAILOVER_TIMEOUT_MS", &FAILOVER_TIMEOUT_MS.to_string()),
+            ],
+        );
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output, text)
+    }
+
+    /// `stack.sh <verb>`, which must succeed; what it printed.
+    fn script(&self, verb: &str) -> String {
+        let (output, text) = self.run(verb);
+        assert!(output.status.success(), "stack.sh {verb}: {text}");
+        text
+    }
+
+    fn pid(&self, service: &str) -> Option<u32> {
+        let file = self.run_dir.path().join(format!("{service}.pid"));
+        Some(std::fs::read_to_string(file).ok()?.trim().parse().unwrap())
+    }
+
+    /// Every process it started (by pid file), every port it may listen on, its directory.
+    fn footprint(&self) -> Footprint {
+        Footprint {
+            dirs: vec![self.run_dir.path().to_owned()],
+            leaders: self
+                .ports
+                .topology
+                .services()
+                .iter()
+                .filter_map(|s| self.pid(s))
+                .collect(),
+            ports: self.ports.all(),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.ports.port("nginx"))
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.run_dir.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for TopologyStack {
+    fn drop(&mut self) {
+        let _ = self.run("down");
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    testkit::ProcStat::read(pid).is_some_and(|p| !p.is_zombie())
+}
+
+async fn redis_field(port: u16, section: &str, field: &str) -> Option<String> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut c = client.get_multiplexed_async_connection().await.ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut c)
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{field}:")))
+        .map(str::to_owned)
+}
+
+/// Until both replicas have applied all the master wrote (the stock included), so that the
+/// failover below tests availability, not what asynchronous replication may lose.
+async fn wait_for_replicas(stack: &TopologyStack) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let master = stack.ports.port("redis");
+    loop {
+        let written = redis_field(master, "replication", "master_repl_offset").await;
+        let mut caught_up = written.is_some();
+        for replica in ["replica1", "replica2"] {
+            let applied = redis_field(
+                stack.ports.port(replica),
+                "replication",
+                "slave_repl_offset",
+            )
+            .await;
+            let behind = match (&written, applied) {
+                (Some(w), Some(a)) => a.parse::<u64>().unwrap() < w.parse::<u64>().unwrap(),
+                _ => true,
+            };
+            caught_up &= !behind;
+        }
+        if caught_up {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the replicas never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sentinel_stack_sells_through_nginx_again_within_down_after_plus_failover_timeout_plus_2_s_of_its_master_killed()
+ {
+    let stack = TopologyStack::new(Topology::Sentinel);
+    let up = stack.script("up");
+    assert!(up.contains("stack ready (sentinel)"), "{up}");
+    let footprint = stack.footprint();
+    assert_eq!(
+        footprint.leaders.len(),
+        Topology::Sentinel.services().len(),
+        "{up}"
+    );
+    let master_port = stack.ports.port("redis");
+    let status = stack.script("status");
+    assert!(status.contains("topology: sentinel"), "{status}");
+    assert!(
+        status.contains(&format!(
+            "master now (says sentinel1): 127.0.0.1:{master_port}"
+        )),
+        "{status}"
+    );
+    for replica in ["replica1", "replica2"] {
+        assert!(
+            status.contains(&format!(
+                "{replica} 127.0.0.1:{}: replica of 127.0.0.1:{master_port}, link up, offset ",
+                stack.ports.port(replica)
+            )),
+            "{status}"
+        );
+    }
+
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let reset = http
+        .put(stack.url("/inventory"))
+        .header("content-type", "application/json")
+        .body(r#"{"stock": 50}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reset.status(), 200);
+    let sale = http
+        .post(stack.url("/inventory/sale?strategy=fenced"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sale.status(), 200);
+    wait_for_replicas(&stack).await;
+    let instances = [stack.pid("app1").unwrap(), stack.pid("app2").unwrap()];
+
+    let master = stack.pid("redis").unwrap();
+    let killed_at = Instant::now();
+    kill(Pid::from_raw(master as i32), Signal::SIGKILL).unwrap();
+    let limit = Duration::from_millis(DOWN_AFTER_MS + FAILOVER_TIMEOUT_MS + 2_000);
+    let mut failures = Vec::new();
+    // Every sale made after the kill: the first at once, so it meets the dead master.
+    let resumed = loop {
+        match http
+            .post(stack.url("/inventory/sale?strategy=fenced"))
+            .send()
+            .await
+        {
+            Ok(reply) if reply.status() == 200 => break killed_at.elapsed(),
+            Ok(reply) => failures.push(reply.status().as_u16().to_string()),
+            Err(e) => failures.push(e.to_string()),
+        }
+        assert!(
+            killed_at.elapsed() < limit,
+            "no sale within {limit:?} of the master's kill; answers: {failures:?}\n\
+             status:\n{}\nsentinel1:\n{}\napp1:\n{}",
+            stack.run("status").1,
+            stack.log("sentinel1"),
+            stack.log("app1")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "sales resumed {resumed:?} after the master was killed ({} refused meanwhile)",
+        failures.len()
+    );
+    // Both instances sell again, and neither was restarted.
+    for _ in 0..4 {
+        let sale = http
+            .post(stack.url("/inventory/sale?strategy=fenced"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(sale.status(), 200);
+    }
+    assert!(instances.iter().all(|pid| alive(*pid)));
+    assert_eq!(
+        [stack.pid("app1").unwrap(), stack.pid("app2").unwrap()],
+        instances
+    );
+
+    // `status` names a replica as the master now.
+    let status = stack.script("status");
+    let promoted = ["replica1", "replica2"]
+        .iter()
+        .find(|r| {
+            status.contains(&format!(
+                "master now (says sentinel1): 127.0.0.1:{}",
+                stack.ports.port(r)
+            ))
+        })
+        .unwrap_or_else(|| panic!("no replica named master: {status}"));
+    assert!(
+        status.contains(&format!(
+            "{promoted} 127.0.0.1:{}: master",
+            stack.ports.port(promoted)
+        )),
+        "{status}"
+    );
+    assert!(status.contains("redis: stopped"), "{status}");
+
+    let down = stack.script("down");
+    for service in Topology::Sentinel.services() {
+        assert!(down.contains(&format!("{service} stopped")), "{down}");
+    }
+    footprint.assert_gone().await;
+    assert!(
+        !stack.run_dir.path().join("sentinel1.conf").exists(),
+        "down forgets what the sentinels learnt"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cluster_stack_shows_each_masters_slots_and_replica_then_stops_without_leftovers() {
+    let stack = TopologyStack::new(Topology::Cluster);
+    let up = stack.script("up");
+    assert!(up.contains("cluster created"), "{up}");
+    let knows_cluster = std::process::Command::new(env!("CARGO_BIN_EXE_inventory"))
+        .arg("--help")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("REDIS_CLUSTER"))
+        .unwrap();
+    if !knows_cluster {
+        assert!(
+            up.contains("not started on the cluster yet"),
+            "says why no instance runs: {up}"
+        );
+        assert_eq!(stack.pid("app1"), None, "{up}");
+        assert_eq!(stack.pid("nginx"), None, "{up}");
+    }
+    let footprint = stack.footprint();
+    assert!(footprint.leaders.len() >= 6, "{footprint:?}");
+    assert!(!footprint.processes().is_empty());
+
+    let status = stack.script("status");
+    assert!(status.contains("topology: cluster"), "{status}");
+    assert!(status.contains("cluster_state: ok"), "{status}");
+    let masters: Vec<&str> = status
+        .lines()
+        .filter(|l| l.starts_with("master "))
+        .collect();
+    let replicas: Vec<&str> = status
+        .lines()
+        .filter(|l| l.starts_with("replica "))
+        .collect();
+    assert_eq!((masters.len(), replicas.len()), (3, 3), "{status}");
+    let mut slots: Vec<&str> = masters
+        .iter()
+        .map(|l| {
+            l.split(" slots ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+        })
+        .collect();
+    slots.sort();
+    assert_eq!(slots, ["0-5460", "10923-16383", "5461-10922"], "{status}");
+    for replica in &replicas {
+        let followed = replica.split(" follows ").nth(1).unwrap();
+        let followed = followed.split(' ').next().unwrap();
+        assert!(
+            masters
+                .iter()
+                .any(|m| m.split(' ').nth(2) == Some(followed)),
+            "{replica} follows no master: {status}"
+        );
+    }
+
+    // `up` again: nothing restarted, the cluster not created twice.
+    let again = stack.script("up");
+    assert!(!again.contains("cluster created"), "{again}");
+    assert_eq!(again.matches("already running").count(), 6, "{again}");
+
+    stack.script("down");
+    footprint.assert_gone().await;
+    assert!(!Path::new(&stack.run_dir.path().join("node1/nodes.conf")).exists());
+}
+
+/// A stack of one topology must be stopped before another starts in its run directory.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_stack_refuses_another_topology_until_it_is_down() {
+    let stack = TopologyStack::new(Topology::Cluster);
+    stack.script("up");
+    let sentinel = TopologyStack {
+        run_dir: tempfile::tempdir().unwrap(),
+        ports: TopologyPorts::free(Topology::Sentinel),
+    };
+    // Same run directory, other topology.
+    let output = native::stack_script_in(
+        &repo_path("scripts/stack.sh"),
+        stack.run_dir.path(),
+        &sentinel.ports,
+        env!("CARGO_BIN_EXE_inventory").as_ref(),
+        "up",
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("runs as topology cluster") && stderr.contains("down first"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(stack.run_dir.path().join("topology"))
+            .unwrap()
+            .trim(),
+        "cluster"
+    );
+    let footprint = stack.footprint();
+    stack.script("down");
+    footprint.assert_gone().await;
+}
+
+/// `make up` keeps the single topology; `TOPOLOGY=...` and `CLUSTER=1` reach `stack.sh`.
+#[test]
+fn make_up_passes_the_topology_and_reads_cluster_1_as_the_cluster_topology() {
+    let dry_run = |args: &[&str]| {
+        let output = std::process::Command::new("make")
+            .args(["-n", "up"])
+            .args(args)
+            .current_dir(repo_path(""))
+            .env_remove("TOPOLOGY")
+            .env_remove("CLUSTER")
+            .output()
+            .expect("make");
+        assert!(output.status.success());
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        text.lines()
+            .find(|l| l.contains("scripts/stack.sh up"))
+            .unwrap_or_else(|| panic!("no stack.sh up in: {text}"))
+            .to_owned()
+    };
+    assert!(dry_run(&[]).contains("TOPOLOGY=single "));
+    assert!(dry_run(&["TOPOLOGY=sentinel"]).contains("TOPOLOGY=sentinel "));
+    assert!(dry_run(&["TOPOLOGY=cluster"]).contains("TOPOLOGY=cluster "));
+    assert!(dry_run(&["CLUSTER=1"]).contains("TOPOLOGY=cluster "));
+}
