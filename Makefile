@@ -7,7 +7,7 @@ NGINX_PORT ?= 8080
 LOADTEST_ARGS ?= --stock 100 --requests 1000 --concurrency 64
 REPORT ?= run/report.html
 
-.PHONY: test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios scenario-pictures compose-check bench-lock bench
+.PHONY: failover-table test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios scenario-pictures compose-check bench-lock bench
 
 ## demo: install redis-server and nginx if missing, build, start the native stack, load-test every strategy
 demo: stack-deps up
@@ -44,6 +44,14 @@ scenario-pictures: stack-deps release
 		file://$(CURDIR)/run/scenario-picture.html 2>run/chromium.log \
 		|| { cat run/chromium.log; exit 1; }
 	@test -s $(PICTURE_PNG) && echo "wrote $(PICTURE_PNG)"
+
+## failover-table: the load test through nginx on the sentinel topology, the master killed
+## part-way, per strategy and REPLICA_ACKS: how many sales answered 200 were lost
+FAILOVER_ARGS ?=
+failover-table: stack-deps
+	$(CARGO) build --release -p inventory --bin inventory
+	$(CARGO) build --release -p loadtest --bin failover-table
+	target/release/failover-table $(FAILOVER_ARGS)
 
 ## bench-lock: C client processes on one lock, the project's waits against rslock (JSON lines)
 BENCH_LOCK_ARGS ?= --clients 16,64 --duration 10
