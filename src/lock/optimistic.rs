@@ -208,8 +208,10 @@ async fn bounded<T>(
             "redis did not answer in time",
         ))),
     };
-    if result.is_err() {
+    if let Err(e) = &result {
         store.metrics().redis_error();
+        // On a cluster, a MOVED or ASK here means the item's slot is served elsewhere now.
+        store.after_error(e);
     }
     result
 }
