@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 pub use crate::lock::wait::WaitMode;
-pub use crate::store::ConnectionMode;
+pub use crate::store::{ConnectionMode, redact};
 
 use crate::strategy::Strategy;
 
@@ -316,20 +316,6 @@ impl LockNodes {
             nodes.push(url.to_owned());
         }
         Ok(Self(nodes))
-    }
-}
-
-/// A Redis URL fit for a log line or an error: any password replaced by `***`.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_owned(),
     }
 }
 

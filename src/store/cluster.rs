@@ -40,7 +40,7 @@ impl ClusterSeeds {
         let mut urls: Vec<String> = Vec::new();
         for (i, url) in list.split(',').map(str::trim).enumerate() {
             let node = i + 1;
-            let shown = crate::config::redact(url);
+            let shown = super::redact(url);
             if url.is_empty() {
                 return Err(format!(
                     "REDIS_CLUSTER: node {node} is empty; give comma-separated seed URLs such \

@@ -29,6 +29,20 @@ pub fn is_auth_error(e: &RedisError) -> bool {
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
 }
 
+/// A Redis URL fit for a log line or an error: any password replaced by `***`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 const POOL_EXHAUSTED: &str = "every pooled Redis connection stayed in use for REDIS_POOL_WAIT_MS";
 
 /// Whether a call gave up waiting for a free pooled connection: nothing was sent.
