@@ -644,7 +644,6 @@ async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
             Some(connected) => connected,
             None => match blocking_connection(&store).await {
                 Ok(fresh) => {
-                    backoff = Duration::from_millis(50);
                     // Signals pushed while nobody here listened may be gone with a
                     // restarted Redis: every local waiter looks for itself once.
                     queue.wake_all();
@@ -659,12 +658,21 @@ async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
                 }
             },
         };
+        let served = Instant::now();
         if let Err(e) = serve(connected, &keys, &queue).await {
             tracing::warn!(error = %e, "lock signal connection lost; reconnecting");
             // On a cluster a `MOVED` here means the item's slot has another master now: the
-            // next connection goes to the one the cluster names.
+            // next connection goes to the one the cluster names. An `ASK` (the slot half
+            // migrated) lasts until the move is finished: the waiters fall back on their
+            // own bounds meanwhile, and the popper does not spin on it.
             store.after_error(&e);
             conn = None;
+            if served.elapsed() > Duration::from_secs(1) {
+                backoff = Duration::from_millis(50);
+            }
+            queue.wake_all();
+            sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
 }

@@ -469,9 +469,17 @@ async fn an_items_slot_moved_under_load_half_way_then_all_the_way_still_sells_ea
         for (_, r) in &replies {
             assert!(
                 matches!(r.status, 200 | 409 | 503),
-                "{strategy}: {} {}",
+                "{strategy}: {} {}\n{}",
                 r.status,
-                r.body
+                r.body,
+                setup
+                    .apps
+                    .iter()
+                    .flat_map(|a| a.log().lines().map(str::to_owned).collect::<Vec<_>>())
+                    .filter(|l| (l.contains("\"ERROR\"") || l.contains("\"WARN\""))
+                        && !l.contains("503 Service"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
             );
         }
     }
