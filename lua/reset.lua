@@ -21,6 +21,7 @@
 -- KEYS[9]: the release signal, so that one waiter on a deleted lock retries at once
 -- ARGV[1]: the new stock
 -- ARGV[2]: release channel, told so that waiters on a deleted lock retry at once
+-- ARGV[3]: the command that tells it: PUBLISH, or SPUBLISH on a cluster (sharded pub/sub)
 -- returns: the new stock
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[1])
@@ -38,7 +39,7 @@ else
   redis.call('INCR', KEYS[8])
 end
 if freed then
-  redis.call('PUBLISH', ARGV[2], 'reset')
+  redis.call(ARGV[3], ARGV[2], 'reset')
   redis.call('DEL', KEYS[9])
   redis.call('RPUSH', KEYS[9], 'reset')
 end

@@ -7,6 +7,7 @@
 --          counter (see lock_queued.lua); without them nothing is handed over
 -- ARGV[1]: owner id
 -- ARGV[2]: release channel, told when the lock is free so waiters retry at once
+-- ARGV[3]: the command that tells it: PUBLISH, or SPUBLISH on a cluster (sharded pub/sub)
 -- returns: 1 when released (deleted, or handed to the next waiter); 0 when the lock is gone
 --          or belongs to another owner
 -- hand_off(lock, fence, queue, entries): see hand_off.lua, loaded in front of this script.
@@ -16,7 +17,7 @@ if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('GET', KEYS[1]) == 
   if #KEYS >= 5 and hand_off(KEYS[1], KEYS[5], KEYS[3], KEYS[4]) then
     return 1
   end
-  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  redis.call(ARGV[3], ARGV[2], ARGV[1])
   redis.call('DEL', KEYS[2])
   redis.call('RPUSH', KEYS[2], ARGV[1])
   return 1

@@ -8,6 +8,7 @@
 -- ARGV[1]: owner id
 -- ARGV[2]: lease in milliseconds, restored while outer levels are still held
 -- ARGV[3]: release channel, told when the lock is free so waiters retry at once
+-- ARGV[4]: the command that tells it: PUBLISH, or SPUBLISH on a cluster (sharded pub/sub)
 -- returns: -1 when this owner does not hold the lock (nothing changed);
 --          0 when outer levels remain (count - 1); 1 when the lock was released (deleted,
 --          or handed to the next waiter)
@@ -24,7 +25,7 @@ redis.call('DEL', KEYS[1])
 if #KEYS >= 5 and hand_off(KEYS[1], KEYS[5], KEYS[3], KEYS[4]) then
   return 1
 end
-redis.call('PUBLISH', ARGV[3], ARGV[1])
+redis.call(ARGV[4], ARGV[3], ARGV[1])
 redis.call('DEL', KEYS[2])
 redis.call('RPUSH', KEYS[2], ARGV[1])
 return 1

@@ -7,9 +7,12 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 pub use crate::lock::wait::WaitMode;
-pub use crate::store::ConnectionMode;
+pub use crate::store::{ConnectionMode, redact};
 
 use crate::strategy::Strategy;
+
+/// `REDIS_URL` when none is given.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 
 /// An inventory-sale service whose sale is guarded by a switchable distributed lock.
 #[derive(Debug, Clone, Parser)]
@@ -27,7 +30,7 @@ pub struct Config {
     #[arg(
         long,
         env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379",
+        default_value = DEFAULT_REDIS_URL,
         hide_env_values = true
     )]
     pub redis_url: String,
@@ -37,6 +40,14 @@ pub struct Config {
     /// error, so that a failover is followed without a restart.
     #[arg(long, env = "REDIS_SENTINELS", requires = "redis_master_name")]
     pub redis_sentinels: Option<String>,
+
+    /// Redis Cluster seed nodes, as comma-separated URLs (`redis://host:port,...`); used
+    /// instead of `REDIS_URL` (and never with `REDIS_SENTINELS`). Commands follow the
+    /// cluster's redirections and failovers; every key of an item lives in its slot.
+    /// Checked by [`Config::cluster`], not by the parser: a parser's error would quote the
+    /// whole value, passwords included.
+    #[arg(long, env = "REDIS_CLUSTER", hide_env_values = true)]
+    pub redis_cluster: Option<String>,
 
     /// The master's name in the sentinels' configuration (`sentinel monitor NAME ...`).
     #[arg(long, env = "REDIS_MASTER_NAME", requires = "redis_sentinels")]
@@ -194,6 +205,30 @@ impl Config {
             .unwrap_or_else(|| format!("{}:{}", hostname(), self.port))
     }
 
+    /// The seeds of `REDIS_CLUSTER`, checked one by one; errors hide passwords. Refused
+    /// together with `REDIS_SENTINELS` or an explicit `REDIS_URL`: which server holds the
+    /// stock must not depend on which variable wins.
+    pub fn cluster(&self) -> Result<Option<crate::store::ClusterSeeds>, String> {
+        let Some(list) = self.redis_cluster.as_deref() else {
+            return Ok(None);
+        };
+        if self.redis_sentinels.is_some() {
+            return Err(
+                "REDIS_CLUSTER and REDIS_SENTINELS are both set: give one of them (a cluster \
+                 fails over by itself, without sentinels)"
+                    .into(),
+            );
+        }
+        if self.redis_url != DEFAULT_REDIS_URL {
+            return Err(
+                "REDIS_CLUSTER and REDIS_URL are both set: give one of them (REDIS_CLUSTER \
+                 holds every node the service needs)"
+                    .into(),
+            );
+        }
+        crate::store::ClusterSeeds::parse(list).map(Some)
+    }
+
     /// The nodes of `LOCK_NODES`, checked one by one; errors hide passwords.
     pub fn lock_nodes(&self) -> Result<Option<LockNodes>, String> {
         self.lock_nodes.as_deref().map(LockNodes::parse).transpose()
@@ -284,20 +319,6 @@ impl LockNodes {
     }
 }
 
-/// A Redis URL fit for a log line or an error: any password replaced by `***`.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_owned(),
-    }
-}
-
 fn parse_admin_token(token: &str) -> Result<String, String> {
     if token.trim().is_empty() {
         Err(
@@ -343,6 +364,26 @@ mod tests {
             assert!(err.contains(names), "{err}");
             assert!(!err.contains("s3cret"), "{err}");
         }
+    }
+
+    #[test]
+    fn redis_cluster_is_refused_beside_another_server_and_never_prints_a_password() {
+        let parse = |args: &[&str]| Config::try_parse_from(args).unwrap().cluster();
+        let seeds = parse(&["inventory", "--redis-cluster", "redis://127.0.0.1:7000"]).unwrap();
+        assert_eq!(seeds.unwrap().0, ["redis://127.0.0.1:7000"]);
+        let both = parse(&[
+            "inventory",
+            "--redis-cluster",
+            "redis://127.0.0.1:7000",
+            "--redis-url",
+            "redis://:s3cret@127.0.0.1:6380",
+        ])
+        .unwrap_err();
+        assert!(both.contains("REDIS_CLUSTER and REDIS_URL"), "{both}");
+        assert!(!both.contains("s3cret"), "{both}");
+        let bad = parse(&["inventory", "--redis-cluster", "redis://:s3cret@h:1,,"]).unwrap_err();
+        assert!(bad.starts_with("REDIS_CLUSTER"), "{bad}");
+        assert!(!bad.contains("s3cret"), "{bad}");
     }
 
     #[test]

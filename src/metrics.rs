@@ -146,7 +146,7 @@ struct NodeVotes {
 }
 
 /// The pool's state at a scrape.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct PoolGauges {
     pub max_size: u64,
     /// Connections open (idle or in use).

@@ -27,12 +27,18 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
     let instance = config.instance_name();
     // The URL may hold a password: it stays out of the error.
     let metrics = Arc::new(Metrics::default());
-    let store = match config.sentinels().map_err(|e| anyhow::anyhow!(e))? {
-        Some(sentinels) => {
+    let cluster = config.cluster().map_err(|e| anyhow::anyhow!(e))?;
+    let sentinels = config.sentinels().map_err(|e| anyhow::anyhow!(e))?;
+    let store = match (cluster, sentinels) {
+        (Some(seeds), _) => {
+            Store::with_cluster(seeds, &config.item_id, config.redis_timeout(), metrics)
+                .map_err(|e| anyhow::anyhow!("REDIS_CLUSTER cannot be used ({:?})", e.kind()))?
+        }
+        (None, Some(sentinels)) => {
             Store::with_sentinels(sentinels, &config.item_id, config.redis_timeout(), metrics)
                 .map_err(|e| anyhow::anyhow!("no master from REDIS_SENTINELS: {e}"))?
         }
-        None => Store::new(
+        (None, None) => Store::new(
             &config.redis_url,
             &config.item_id,
             config.redis_timeout(),

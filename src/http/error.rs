@@ -86,6 +86,11 @@ fn unavailable(e: &RedisError) -> bool {
                 | ServerErrorKind::TryAgain
                 | ServerErrorKind::ClusterDown
                 | ServerErrorKind::MasterDown
+                // A redirection on a node connection, or a write to a master that became a
+                // replica: the slot or the master moved, and the next call finds it.
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::ReadOnly
         ),
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType | ErrorKind::Extension => false,
         _ => true,

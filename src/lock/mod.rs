@@ -568,7 +568,9 @@ async fn delete_and_announce(cx: &LockCx, owner: &str) -> RedisResult<Released> 
         .call(|mut c| async move {
             redis::pipe()
                 .del(&keys.lock)
-                .publish(&keys.released, owner)
+                .cmd(keys.publish())
+                .arg(&keys.released)
+                .arg(owner)
                 .del(&keys.signal)
                 .ignore()
                 .rpush(&keys.signal, owner)

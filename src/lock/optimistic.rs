@@ -208,8 +208,37 @@ async fn bounded<T>(
             "redis did not answer in time",
         ))),
     };
-    if result.is_err() {
+    let result = result.map_err(slot_moving);
+    if let Err(e) = &result {
         store.metrics().redis_error();
+        // On a cluster, a MOVED or ASK here means the item's slot is served elsewhere now.
+        store.after_error(e);
     }
     result
+}
+
+/// On a cluster, an `EXEC` whose queued command met the item's slot in migration (`ASK`,
+/// `TRYAGAIN`) or moved (`MOVED`) is discarded whole: nothing was written, and the sale can
+/// be tried again once the move is over. Said as `TRYAGAIN` (a 503), not as the aborted
+/// transaction it arrives as (a 500 for a command Redis refused as wrong).
+fn slot_moving(e: RedisError) -> RedisError {
+    let redirected = [
+        "TryAgain",
+        "Ask",
+        "Moved",
+        "ClusterDown",
+        "TRYAGAIN",
+        "ASK ",
+        "MOVED",
+    ];
+    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ExecAbort)
+        && redirected.iter().any(|r| e.to_string().contains(r))
+    {
+        return RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain),
+            "transaction discarded: the item's slot is moving",
+            e.to_string(),
+        ));
+    }
+    e
 }

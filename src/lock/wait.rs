@@ -642,9 +642,8 @@ async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
         }
         let connected = match conn.as_mut() {
             Some(connected) => connected,
-            None => match blocking_connection(&store.client()).await {
+            None => match blocking_connection(&store).await {
                 Ok(fresh) => {
-                    backoff = Duration::from_millis(50);
                     // Signals pushed while nobody here listened may be gone with a
                     // restarted Redis: every local waiter looks for itself once.
                     queue.wake_all();
@@ -659,9 +658,21 @@ async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
                 }
             },
         };
+        let served = Instant::now();
         if let Err(e) = serve(connected, &keys, &queue).await {
             tracing::warn!(error = %e, "lock signal connection lost; reconnecting");
+            // On a cluster a `MOVED` here means the item's slot has another master now: the
+            // next connection goes to the one the cluster names. An `ASK` (the slot half
+            // migrated) lasts until the move is finished: the waiters fall back on their
+            // own bounds meanwhile, and the popper does not spin on it.
+            store.after_error(&e);
             conn = None;
+            if served.elapsed() > Duration::from_secs(1) {
+                backoff = Duration::from_millis(50);
+            }
+            queue.wake_all();
+            sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
 }
@@ -734,8 +745,17 @@ async fn serve(conn: &mut MultiplexedConnection, keys: &Keys, queue: &Queue) -> 
     }
 }
 
-/// Its own connection: a blocked `BLPOP` holds up every command queued behind it.
-async fn blocking_connection(client: &Client) -> RedisResult<MultiplexedConnection> {
+/// Its own connection: a blocked `BLPOP` holds up every command queued behind it. On a
+/// cluster, to the master of the item's slot, asked of the cluster at each (re)connection.
+async fn blocking_connection(store: &Store) -> RedisResult<MultiplexedConnection> {
+    let client = timeout(Duration::from_secs(2), store.client())
+        .await
+        .map_err(|_| {
+            redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no master for the item's slot in time",
+            ))
+        })??;
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(2)))
         .set_response_timeout(None);
@@ -746,9 +766,20 @@ async fn blocking_connection(client: &Client) -> RedisResult<MultiplexedConnecti
 
 /// Keeps one subscription alive for as long as anyone listens (`LOCK_WAIT=pubsub`).
 async fn subscribe(store: Store, channel: String, releases: Weak<Notify>) {
+    if store.is_cluster() {
+        return subscribe_sharded(store, channel, releases).await;
+    }
     let mut backoff = Duration::from_millis(50);
     while releases.strong_count() > 0 {
-        let client = store.client();
+        let client = match store.client().await {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::debug!(error = %e, "no server for lock releases yet");
+                sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
         match tokio::time::timeout(Duration::from_secs(2), connect(&client, &channel)).await {
             Ok(Ok(pubsub)) => {
                 backoff = Duration::from_millis(50);
@@ -774,6 +805,76 @@ async fn subscribe(store: Store, channel: String, releases: Weak<Notify>) {
         }
         sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// How often a sharded subscription is sent again: `SSUBSCRIBE` is idempotent, and sent
+/// through the cluster connection it reaches the slot's master of the moment, so a
+/// subscription the crate did not move after a failover or a slot migration is restored
+/// within this (meanwhile waiters fall back to their lease bounds).
+const RESUBSCRIBE: Duration = Duration::from_secs(1);
+
+/// The cluster's `LOCK_WAIT=pubsub`: sharded pub/sub (`SSUBSCRIBE`), so that a release
+/// (`SPUBLISH` in the release script) reaches only the shard that owns the item's slot,
+/// not every node of the cluster.
+async fn subscribe_sharded(store: Store, channel: String, releases: Weak<Notify>) {
+    let (tx, mut pushed) = tokio::sync::mpsc::unbounded_channel();
+    let mut conn = match store.cluster_subscriber(tx) {
+        Some(Ok(conn)) => conn,
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "cannot subscribe to lock releases; waiters fall back to lease bounds");
+            return;
+        }
+        None => return,
+    };
+    let mut subscribed = false;
+    let mut resubscribe = tokio::time::interval(RESUBSCRIBE);
+    resubscribe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = resubscribe.tick() => {
+                let sent = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    conn.ssubscribe(&channel),
+                ).await;
+                match sent {
+                    Ok(Ok(())) => {
+                        if !subscribed {
+                            tracing::debug!(%channel, "listening for lock releases (sharded)");
+                            // Releases published while unsubscribed were missed.
+                            if let Some(notify) = releases.upgrade() {
+                                notify.notify_waiters();
+                            }
+                        }
+                        subscribed = true;
+                    }
+                    Ok(Err(e)) => {
+                        subscribed = false;
+                        tracing::debug!(error = %e, "cannot subscribe to lock releases yet");
+                    }
+                    Err(_) => {
+                        subscribed = false;
+                        tracing::debug!("subscribing to lock releases timed out");
+                    }
+                }
+            }
+            push = pushed.recv() => {
+                let Some(push) = push else { return };
+                let Some(notify) = releases.upgrade() else { return };
+                match push.kind {
+                    redis::PushKind::SMessage | redis::PushKind::Message => notify.notify_one(),
+                    // The node gave the slot up (a migration) or the crate subscribed again
+                    // elsewhere: anything published in between was missed.
+                    redis::PushKind::SUnsubscribe | redis::PushKind::SSubscribe => {
+                        notify.notify_waiters();
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if releases.strong_count() == 0 {
+            return;
+        }
     }
 }
 

@@ -14,9 +14,11 @@ use utoipa::ToSchema;
 use crate::idempotency::{self, Claim, Next};
 use crate::metrics::Metrics;
 
+mod cluster;
 pub mod scripts;
 mod sentinel;
 
+pub use cluster::{ClusterSeeds, hash_slot};
 pub use sentinel::Sentinels;
 use sentinel::{Backend, Server};
 
@@ -25,6 +27,20 @@ use sentinel::{Backend, Server};
 pub fn is_auth_error(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+}
+
+/// A Redis URL fit for a log line or an error: any password replaced by `***`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
 }
 
 const POOL_EXHAUSTED: &str = "every pooled Redis connection stayed in use for REDIS_POOL_WAIT_MS";
@@ -124,6 +140,10 @@ impl Acks {
 pub struct AckWait {
     replication: Replication,
     acks: Arc<Acks>,
+    /// Where the barrier is published: [`WAIT_BARRIER`] with `PUBLISH` on a single server;
+    /// on a cluster, a channel of the item's slot with `SPUBLISH` (a plain `PUBLISH` would
+    /// be broadcast to every node over the cluster bus).
+    barrier: (&'static str, String),
 }
 
 /// Exchanges one acked call may make; see [`Store::call`].
@@ -137,7 +157,7 @@ impl AckWait {
     const REPLIES: usize = 2;
 
     fn append(&self, pipe: &mut redis::Pipeline) {
-        pipe.cmd("PUBLISH").arg(WAIT_BARRIER).arg("");
+        pipe.cmd(self.barrier.0).arg(&self.barrier.1).arg("");
         pipe.cmd("WAIT")
             .arg(self.replication.acks)
             .arg(self.replication.timeout.as_millis().max(1) as u64);
@@ -148,6 +168,8 @@ impl AckWait {
 /// (back to the pool when dropped); or one of those with a `WAIT` behind every command.
 pub enum Conn {
     Shared(ConnectionManager),
+    /// The cluster connection: routed by key, redirections followed.
+    Cluster(redis::cluster_async::ClusterConnection),
     Pooled(deadpool_redis::Connection),
     /// `WAIT` counts the replicas that have the writes *of the connection it is sent on*,
     /// so it must go on the very connection of the write, right behind it: each command is
@@ -165,6 +187,7 @@ impl ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, redis::Value> {
         match self {
             Conn::Shared(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Pooled(c) => c.req_packed_command(cmd),
             Conn::Acked(c, wait) => Box::pin(async move {
                 let mut pipe = redis::pipe();
@@ -190,6 +213,7 @@ impl ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
         match self {
             Conn::Shared(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Pooled(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Acked(c, wait) => Box::pin(async move {
                 if offset != 0 {
@@ -213,6 +237,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Shared(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
             Conn::Pooled(c) => c.get_db(),
             Conn::Acked(c, _) => c.get_db(),
         }
@@ -253,7 +278,12 @@ pub struct Keys {
     /// and a hash of their entries.
     pub queue: String,
     pub queue_entries: String,
+    /// The channel of the `REPLICA_ACKS` barrier on a cluster (see [`AckWait`]).
+    pub wait_barrier: String,
     idempotency_prefix: String,
+    /// On a cluster, releases are announced with `SPUBLISH` (sharded pub/sub: only the
+    /// shard of the item's slot hears them); on a single server with `PUBLISH`.
+    pub sharded: bool,
 }
 
 impl Keys {
@@ -276,8 +306,26 @@ impl Keys {
             signal: key("lock:signal"),
             queue: key("lock:queue"),
             queue_entries: key("lock:entries"),
+            wait_barrier: key("wait-barrier"),
             idempotency_prefix: key("idem:"),
+            sharded: false,
         }
+    }
+
+    /// The same keys, announced on sharded pub/sub (a cluster) or not.
+    pub fn sharded(mut self, sharded: bool) -> Self {
+        self.sharded = sharded;
+        self
+    }
+
+    /// The command that announces a release on [`Keys::released`].
+    pub fn publish(&self) -> &'static str {
+        if self.sharded { "SPUBLISH" } else { "PUBLISH" }
+    }
+
+    /// The slot of every key of the item.
+    pub fn slot(&self) -> u16 {
+        hash_slot(&self.stock)
     }
 
     pub fn locked_writes(&self, kind: LockKind) -> &str {
@@ -341,6 +389,8 @@ pub struct Store {
     /// The server's connections: fixed for `REDIS_URL`, replaced after a failover when
     /// Sentinel names the master.
     server: Arc<Server>,
+    /// Set for `REDIS_CLUSTER`: then every call goes to the cluster, and `server` is unused.
+    cluster: Option<Arc<cluster::Cluster>>,
     pool_settings: PoolSettings,
     item: String,
     pub keys: Keys,
@@ -509,6 +559,30 @@ impl Store {
         ))
     }
 
+    /// The cluster that `seeds` lead to; nothing is contacted before the first call.
+    pub fn with_cluster(
+        seeds: ClusterSeeds,
+        item: &str,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> RedisResult<Self> {
+        let pool_settings = PoolSettings::default();
+        let first = seeds.0.first().cloned().unwrap_or_default();
+        // Never contacted: every call of a cluster store goes to the cluster.
+        let unused = Backend::build(Client::open(first)?, timeout, pool_settings)?;
+        let cluster = cluster::Cluster::new(seeds, timeout, pool_settings)?;
+        let mut store =
+            Self::with_server(Server::fixed(unused), pool_settings, item, timeout, metrics);
+        store.cluster = Some(Arc::new(cluster));
+        store.keys = Keys::new(item).sharded(true);
+        Ok(store)
+    }
+
+    /// Whether the store is a Redis Cluster (`REDIS_CLUSTER`).
+    pub fn is_cluster(&self) -> bool {
+        self.cluster.is_some()
+    }
+
     fn with_server(
         server: Server,
         pool_settings: PoolSettings,
@@ -520,6 +594,7 @@ impl Store {
         server.watch();
         Self {
             server,
+            cluster: None,
             pool_settings,
             item: item.to_owned(),
             keys: Keys::new(item),
@@ -536,16 +611,29 @@ impl Store {
         settings.reply_slack = self.reply_slack();
         self.server.resize_pool(self.timeout, settings)?;
         self.pool_settings = settings;
+        let gauges = |pools: Vec<deadpool_redis::Pool>| {
+            let mut gauges = crate::metrics::PoolGauges::default();
+            for pool in pools {
+                let status = pool.status();
+                gauges.max_size += status.max_size as u64;
+                gauges.open += status.size as u64;
+                gauges.in_use += (status.size - status.available.min(status.size)) as u64;
+                gauges.waiting += status.waiting as u64;
+            }
+            gauges
+        };
+        if let Some(cluster) = &self.cluster {
+            // One pool per master, summed.
+            cluster.resize_pool(settings);
+            let watched = cluster.clone();
+            self.metrics
+                .register_pool(Box::new(move || gauges(watched.pools())));
+            return Ok(self);
+        }
         // Only the pool sized by the configuration is reported (lock nodes keep theirs idle).
         let watched = self.server.clone();
         self.metrics.register_pool(Box::new(move || {
-            let status = watched.backend().pool.status();
-            crate::metrics::PoolGauges {
-                max_size: status.max_size as u64,
-                open: status.size as u64,
-                in_use: (status.size - status.available.min(status.size)) as u64,
-                waiting: status.waiting as u64,
-            }
+            gauges(vec![watched.backend().pool.clone()])
         }));
         Ok(self)
     }
@@ -554,7 +642,19 @@ impl Store {
     /// Connecting, and the checkout's `UNWATCH` + `PING`, are bounded by `REDIS_TIMEOUT_MS`.
     pub async fn pooled(&self) -> RedisResult<deadpool_redis::Connection> {
         use deadpool_redis::{PoolError, TimeoutType};
-        let pool = self.server.backend().pool.clone();
+        let pool = match &self.cluster {
+            // The master of the item's slot: a transaction, a WAIT or a pooled call must stay
+            // on one node's connection.
+            Some(cluster) => match cluster.owner(self.keys.slot()).await {
+                Ok(owner) => owner.pool.clone(),
+                Err(e) => {
+                    self.metrics.redis_error();
+                    cluster.after_error(&e);
+                    return Err(e);
+                }
+            },
+            None => self.server.backend().pool.clone(),
+        };
         let status = pool.status();
         if status.available == 0 && status.size >= status.max_size {
             self.metrics.pool_wait();
@@ -571,7 +671,7 @@ impl Store {
             }
             Err(PoolError::Backend(e)) => {
                 self.metrics.redis_error();
-                self.server.after_error(&e);
+                self.after_error(&e);
                 Err(e)
             }
             Err(e) => {
@@ -641,8 +741,21 @@ impl Store {
         self.metrics.clone()
     }
 
-    /// `host:port` of the server (never the password), for logs and metrics labels.
+    /// After a failed call: under Sentinel or on a cluster, looks the master up again if
+    /// the error says it may have moved.
+    pub fn after_error(&self, e: &RedisError) {
+        match &self.cluster {
+            Some(cluster) => cluster.after_error(e),
+            None => self.server.after_error(e),
+        }
+    }
+
+    /// `host:port` of the server (never the password), for logs and metrics labels; on a
+    /// cluster, of its first seed.
     pub fn address(&self) -> String {
+        if let Some(cluster) = &self.cluster {
+            return cluster.address();
+        }
         self.server
             .backend()
             .client
@@ -651,9 +764,29 @@ impl Store {
             .to_string()
     }
 
-    /// A client for the server as it is now (under Sentinel, the master of the moment).
-    pub fn client(&self) -> Client {
-        self.server.backend().client.clone()
+    /// A client for the server as it is now (under Sentinel, the master of the moment; on a
+    /// cluster, the master of the item's slot, asked of the cluster now), for connections of
+    /// their own that last (a blocked `BLPOP`, a subscription).
+    pub async fn client(&self) -> RedisResult<Client> {
+        match &self.cluster {
+            Some(cluster) => {
+                let found = cluster.fresh_owner_client(self.keys.slot()).await;
+                if let Err(e) = &found {
+                    cluster.after_error(e);
+                }
+                found
+            }
+            None => Ok(self.server.backend().client.clone()),
+        }
+    }
+
+    /// On a cluster, a cluster connection of its own that pushes what it receives (sharded
+    /// pub/sub messages) to `sender`; `None` for a single server.
+    pub fn cluster_subscriber(
+        &self,
+        sender: tokio::sync::mpsc::UnboundedSender<redis::PushInfo>,
+    ) -> Option<RedisResult<redis::cluster_async::ClusterConnection>> {
+        self.cluster.as_ref().map(|c| c.subscriber(sender))
     }
 
     pub fn item(&self) -> &str {
@@ -665,7 +798,7 @@ impl Store {
     pub fn for_item(&self, item: &str) -> Store {
         let mut store = self.clone();
         store.item = item.to_owned();
-        store.keys = Keys::new(item);
+        store.keys = Keys::new(item).sharded(self.cluster.is_some());
         store
     }
 
@@ -678,9 +811,15 @@ impl Store {
     {
         let (conn, bound) = match (&self.acked, self.pool_settings.mode) {
             (Some(acks), _) => {
+                let barrier = if self.cluster.is_some() {
+                    ("SPUBLISH", self.keys.wait_barrier.clone())
+                } else {
+                    ("PUBLISH", WAIT_BARRIER.to_owned())
+                };
                 let wait = AckWait {
                     replication: self.replication,
                     acks: acks.clone(),
+                    barrier,
                 };
                 let conn = Conn::Acked(Box::new(Conn::Pooled(self.pooled().await?)), wait);
                 // Each exchange is bounded by the pooled connection's own reply timeout
@@ -691,10 +830,14 @@ impl Store {
                     ACKED_EXCHANGES_PER_CALL * (self.timeout + self.replication.timeout),
                 )
             }
-            (None, ConnectionMode::Multiplexed) => (
-                Conn::Shared(self.server.backend().conn.clone()),
-                self.timeout,
-            ),
+            (None, ConnectionMode::Multiplexed) => match &self.cluster {
+                // The crate's retries and redirections stay inside the call's bound.
+                Some(cluster) => (Conn::Cluster(cluster.conn()), self.timeout),
+                None => (
+                    Conn::Shared(self.server.backend().conn.clone()),
+                    self.timeout,
+                ),
+            },
             // A pooled call that times out drops its connection back into the pool with
             // its reply outstanding; the checkout's PING (itself bounded) weeds out one
             // that is still stuck. Calls never leave a WATCH or a MULTI open.
@@ -709,12 +852,28 @@ impl Store {
         };
         if let Err(e) = &result {
             self.metrics.redis_error();
-            self.server.after_error(e);
+            self.after_error(e);
         }
         result
     }
 
+    /// Whether Redis answers; on a cluster, whether a node says `cluster_state:ok`.
     pub async fn ping(&self) -> RedisResult<()> {
+        if let Some(cluster) = &self.cluster {
+            let cluster = cluster.clone();
+            let ok = self
+                .call(|_| async move { cluster.state_ok().await })
+                .await?;
+            return if ok {
+                Ok(())
+            } else {
+                Err(RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+                    "the cluster is down",
+                    "cluster_state is not ok".to_owned(),
+                )))
+            };
+        }
         self.call(|mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
             .await
             .map(drop)
@@ -996,7 +1155,9 @@ mod tests {
             signal,
             queue,
             queue_entries,
+            wait_barrier,
             idempotency_prefix: _,
+            sharded: _,
         } = k;
         let mut keys: Vec<String> = [
             stock,
@@ -1015,6 +1176,7 @@ mod tests {
             signal,
             queue,
             queue_entries,
+            wait_barrier,
         ]
         .into_iter()
         .cloned()
@@ -1025,42 +1187,7 @@ mod tests {
         keys
     }
 
-    /// CRC16-XMODEM (polynomial 0x1021, initial 0), the checksum Redis Cluster slots by.
-    fn crc16(bytes: &[u8]) -> u16 {
-        bytes.iter().fold(0u16, |crc, &b| {
-            (0..8).fold(crc ^ (u16::from(b) << 8), |crc, _| {
-                if crc & 0x8000 != 0 {
-                    (crc << 1) ^ 0x1021
-                } else {
-                    crc << 1
-                }
-            })
-        })
-    }
-
-    /// The slot Redis Cluster puts `key` in: the CRC16 of the first `{...}` with something
-    /// inside, or of the whole key.
-    fn hash_slot(key: &str) -> u16 {
-        let hashed = key
-            .find('{')
-            .and_then(|open| {
-                let rest = &key[open + 1..];
-                rest.find('}')
-                    .filter(|&close| close > 0)
-                    .map(|close| &rest[..close])
-            })
-            .unwrap_or(key);
-        crc16(hashed.as_bytes()) % 16384
-    }
-
-    #[test]
-    fn crc16_matches_the_redis_cluster_specification() {
-        // The check value the specification gives, and slots `CLUSTER KEYSLOT` answers.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(hash_slot("foo"), 12182);
-        assert_eq!(hash_slot("{user1000}.following"), hash_slot("user1000"));
-        assert_eq!(hash_slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
-    }
+    use cluster::crc16;
 
     #[test]
     fn every_key_of_an_item_is_in_the_slot_of_its_hash_tag() {

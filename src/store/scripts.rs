@@ -68,7 +68,8 @@ pub fn unlock_reentrant(keys: &Keys, owner: &str, ttl_ms: u64) -> ScriptInvocati
         .key(&keys.fence)
         .arg(owner)
         .arg(ttl_ms)
-        .arg(&keys.released);
+        .arg(&keys.released)
+        .arg(keys.publish());
     i
 }
 
@@ -81,7 +82,8 @@ pub fn unlock_owned(lock: &str, keys: &Keys, owner: &str) -> ScriptInvocation<'s
         .key(&keys.queue_entries)
         .key(&keys.fence)
         .arg(owner)
-        .arg(&keys.released);
+        .arg(&keys.released)
+        .arg(keys.publish());
     i
 }
 
@@ -236,6 +238,7 @@ pub fn reset(keys: &Keys, stock: i64) -> ScriptInvocation<'static> {
         .key(&keys.lockfree_writes)
         .key(&keys.signal)
         .arg(stock)
-        .arg(&keys.released);
+        .arg(&keys.released)
+        .arg(keys.publish());
     i
 }

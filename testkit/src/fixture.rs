@@ -173,6 +173,19 @@ impl InstanceBuilder {
         }
     }
 
+    /// An instance whose stock is on `cluster` (`REDIS_CLUSTER`, its seeds), and whose lock
+    /// nodes are `nodes` (a cluster has no database 1..3 to borrow).
+    pub fn on_cluster(cluster: &crate::RedisCluster, nodes: &LockNodes, name: &str) -> Self {
+        let mut env = default_env("redis://127.0.0.1:1", name);
+        env.remove("REDIS_URL");
+        env.insert("REDIS_CLUSTER".into(), cluster.seed_urls().join(","));
+        Self {
+            name: name.to_owned(),
+            env,
+        }
+        .lock_nodes(nodes)
+    }
+
     /// `LOCK_NODES` on these separate nodes instead of databases of the stock's Redis.
     pub fn lock_nodes(self, nodes: &LockNodes) -> Self {
         self.env("LOCK_NODES", nodes.urls())

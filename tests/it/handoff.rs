@@ -154,6 +154,8 @@ async fn a_handed_off_lock_is_owned_by_exactly_one_and_fence_tokens_only_grow() 
                         let key = &store.keys.lock;
                         let mut c = store
                             .client()
+                            .await
+                            .unwrap()
                             .get_multiplexed_async_connection()
                             .await
                             .unwrap();

@@ -6,6 +6,7 @@
 mod api;
 mod attack;
 mod browser;
+mod cluster;
 mod cluster_fixture;
 mod compose;
 mod handoff;

@@ -286,6 +286,28 @@ async fn the_cluster_stack_shows_each_masters_slots_and_replica_then_stops_witho
         );
         assert_eq!(stack.pid("app1"), None, "{up}");
         assert_eq!(stack.pid("nginx"), None, "{up}");
+    } else {
+        // The instances run on the cluster (REDIS_CLUSTER) behind nginx, and sell.
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let reset = http
+            .put(stack.url("/inventory"))
+            .header("content-type", "application/json")
+            .body(r#"{"stock": 5}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reset.status(), 200, "{}", stack.log("app1"));
+        for strategy in ["fenced", "atomic", "optimistic", "redlock"] {
+            let sale = http
+                .post(stack.url(&format!("/inventory/sale?strategy={strategy}")))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(sale.status(), 200, "{strategy}: {}", stack.log("app1"));
+        }
     }
     let footprint = stack.footprint();
     assert!(footprint.leaders.len() >= 6, "{footprint:?}");
@@ -330,7 +352,13 @@ async fn the_cluster_stack_shows_each_masters_slots_and_replica_then_stops_witho
     // `up` again: nothing restarted, the cluster not created twice.
     let again = stack.script("up");
     assert!(!again.contains("cluster created"), "{again}");
-    assert_eq!(again.matches("already running").count(), 6, "{again}");
+    // Six nodes, and with the instances three lock nodes, two instances and nginx.
+    let services = if knows_cluster { 12 } else { 6 };
+    assert_eq!(
+        again.matches("already running").count(),
+        services,
+        "{again}"
+    );
 
     stack.script("down");
     footprint.assert_gone().await;

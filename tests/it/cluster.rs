@@ -1,0 +1,486 @@
+//! The service on a real Redis Cluster (`REDIS_CLUSTER`): three masters and their replicas
+//! ([`testkit::RedisCluster`]), two instances, items whose slots land on different masters.
+//! Every safe strategy sells exactly the stock; a killed master stops only its own items
+//! until its replica takes over; a slot moved under load (stopped half-way, so `ASK` and
+//! `TRYAGAIN` happen, then finished) loses and duplicates nothing; releases wake waiters
+//! through sharded pub/sub on the item's master.
+
+use std::time::{Duration, Instant};
+
+use inventory::lock::Strategy;
+use inventory::store::hash_slot;
+use serde_json::Value;
+use testkit::fixture::{Instance, InstanceBuilder, LockNodes, Reply};
+use testkit::{ClusterNodeInfo, Migration, RedisCluster};
+
+/// Failure detection (node timeout 1 s), then the replica's election, on a busy machine.
+const FAILOVER_WITHIN: Duration = Duration::from_secs(15);
+
+fn safe_strategies() -> Vec<Strategy> {
+    Strategy::ALL
+        .into_iter()
+        .filter(|s| s.info().distributed)
+        .collect()
+}
+
+/// One item id per master, in the order of [`RedisCluster::masters`]: `{prefix}-{n}` for
+/// the first `n` whose slot that master serves.
+fn items_on(masters: &[ClusterNodeInfo], prefix: &str) -> Vec<String> {
+    masters
+        .iter()
+        .map(|m| {
+            (0..10_000)
+                .map(|n| format!("{prefix}-{n}"))
+                .find(|id| m.serves(hash_slot(&format!("{{{id}}}"))))
+                .expect("an id in every master's slots")
+        })
+        .collect()
+}
+
+struct Setup {
+    cluster: RedisCluster,
+    _nodes: LockNodes,
+    apps: Vec<Instance>,
+}
+
+async fn start(configure: impl Fn(InstanceBuilder) -> InstanceBuilder) -> Setup {
+    let cluster = RedisCluster::start().await;
+    let nodes = LockNodes::start(3).await;
+    let mut apps = Vec::new();
+    for name in ["app1", "app2"] {
+        apps.push(
+            configure(InstanceBuilder::on_cluster(&cluster, &nodes, name))
+                .start()
+                .await,
+        );
+    }
+    Setup {
+        cluster,
+        _nodes: nodes,
+        apps,
+    }
+}
+
+async fn request(app: &Instance, method: &str, path: &str) -> Reply {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    app.send(reqwest::Client::new().request(method, app.url(path)))
+        .await
+}
+
+async fn stock_item(app: &Instance, item: &str, stock: i64) {
+    let put = reqwest::Client::new()
+        .put(app.url(&format!("/inventory/{item}")))
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"stock": {stock}}}"#));
+    let reply = app.send(put).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "stocking {item}: {reply:?}\n{}",
+        app.log()
+    );
+}
+
+async fn sell(app: &Instance, item: &str, query: &str) -> Reply {
+    request(app, "POST", &format!("/inventory/{item}/sale?{query}")).await
+}
+
+async fn audit(app: &Instance, item: &str) -> Value {
+    let reply = request(app, "GET", &format!("/inventory/{item}/audit")).await;
+    assert_eq!(reply.status, 200, "audit of {item}: {reply:?}");
+    reply.body
+}
+
+/// Sells each item `stock + 2` times through both instances at once, `strategies` taking
+/// turns, and checks the books: every 200 is one unit gone, each remaining value once,
+/// nothing else sold; and the whole stock sold when the strategies wait for each other.
+async fn sell_out(apps: &[Instance], items: &[String], stock: i64, strategies: &[Strategy]) {
+    for item in items {
+        stock_item(&apps[0], item, stock).await;
+    }
+    let per_item = (stock + 2) as usize;
+    let sales = (0..per_item * items.len()).map(|n| {
+        let item = &items[n % items.len()];
+        let app = &apps[(n / items.len()) % 2];
+        let strategy = strategies[(n / items.len()) % strategies.len()];
+        let query = format!("strategy={strategy}&work_ms=2");
+        async move { (item.clone(), sell(app, item, &query).await) }
+    });
+    let replies = futures_util::future::join_all(sales).await;
+    let what = strategies
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" + ");
+    for item in items {
+        let mine: Vec<&Reply> = replies
+            .iter()
+            .filter(|(i, _)| i == item)
+            .map(|(_, r)| r)
+            .collect();
+        let audit = audit(&apps[1], item).await;
+        assert_eq!(audit["clean"], true, "{what} {item}: {audit}");
+        let mut remaining: Vec<i64> = mine
+            .iter()
+            .filter(|r| r.status == 200)
+            .map(|r| r.body["remaining"].as_i64().unwrap())
+            .collect();
+        remaining.sort_unstable();
+        let sold = remaining.len() as i64;
+        assert_eq!(
+            audit["sales"].as_i64(),
+            Some(sold),
+            "{what} {item}: {audit}"
+        );
+        assert_eq!(
+            audit["remaining"].as_i64(),
+            Some(stock - sold),
+            "{what} {item}: {audit}"
+        );
+        assert_eq!(
+            remaining,
+            (stock - sold..stock).collect::<Vec<_>>(),
+            "{what} {item}: each remaining value once"
+        );
+        let one_kind_of_lock = strategies
+            .iter()
+            .all(|s| matches!(s, Strategy::Redis(_)) && !s.info().quorum);
+        if strategies.len() == 1 || one_kind_of_lock {
+            // Sales that wait for each other sell every unit. (A lock-free sale and a
+            // locked one, or a single-node and a quorum lock, do not: the store refuses
+            // the sale that read first, and a unit may be left.)
+            assert_eq!(sold, stock, "{what} {item}: sold out: {audit}");
+        }
+        for refused in mine.iter().filter(|r| r.status != 200) {
+            assert!(
+                matches!(
+                    refused.error_code(),
+                    "sold_out" | "stock_changed" | "stale_fence"
+                ),
+                "{what} {item}: {} {}",
+                refused.status,
+                refused.body
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_safe_strategy_alone_and_in_every_pair_sells_exactly_the_stock_of_items_on_all_three_masters()
+ {
+    let setup = start(|b| b).await;
+    let masters = setup.cluster.masters().await;
+    assert_eq!(masters.len(), 3);
+    for strategy in safe_strategies() {
+        let items = items_on(&masters, &format!("{strategy}"));
+        sell_out(&setup.apps, &items, 5, &[strategy]).await;
+    }
+    let strategies = safe_strategies();
+    for (i, a) in strategies.iter().enumerate() {
+        for b in &strategies[i + 1..] {
+            let items = items_on(&masters, &format!("{a}-{b}"));
+            sell_out(&setup.apps, &items, 3, &[*a, *b]).await;
+        }
+    }
+    // Every item's keys are on the master of its slot, and nowhere else.
+    for (master, item) in masters.iter().zip(items_on(&masters, "fenced")) {
+        let mut node = setup.cluster.node_connection(master.port).await;
+        let stock: Option<i64> = redis::cmd("GET")
+            .arg(format!("inventory:{{{item}}}:stock"))
+            .query_async(&mut node)
+            .await
+            .unwrap();
+        assert_eq!(stock, Some(0), "{item} lives on {}", master.addr());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn both_ways_of_waiting_sell_exactly_the_stock_and_pubsub_releases_use_the_items_shard() {
+    for wait in ["notify", "pubsub"] {
+        let setup = start(|b| b.env("LOCK_WAIT", wait)).await;
+        let masters = setup.cluster.masters().await;
+        let items = items_on(&masters, wait);
+        for strategy in ["setnx-ttl", "fenced", "reentrant"] {
+            let items = items_on(&masters, &format!("{wait}-{strategy}"));
+            let strategy: Strategy = strategy.parse().unwrap();
+            sell_out(&setup.apps, &items, 6, &[strategy]).await;
+        }
+        if wait != "pubsub" {
+            continue;
+        }
+        // A holder working 400 ms and a waiter on the other instance, with a 30 s lease: the
+        // waiter sells right after the release, so it was woken, not bounded by the lease.
+        let item = &items[1];
+        let owner = &masters[1];
+        stock_item(&setup.apps[0], item, 2).await;
+        let holder = sell(&setup.apps[0], item, "strategy=setnx-ttl&work_ms=400");
+        let waiter = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let channel = format!("inventory:{{{item}}}:lock:released");
+            let mut node = setup.cluster.node_connection(owner.port).await;
+            let (_, sharded): (String, i64) = redis::cmd("PUBSUB")
+                .arg("SHARDNUMSUB")
+                .arg(&channel)
+                .query_async(&mut node)
+                .await
+                .unwrap();
+            let (_, plain): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut node)
+                .await
+                .unwrap();
+            let started = Instant::now();
+            let reply = sell(&setup.apps[1], item, "strategy=setnx-ttl").await;
+            (sharded, plain, reply, started.elapsed())
+        };
+        let (held, (sharded, plain, waited, took)) = tokio::join!(holder, waiter);
+        assert_eq!(held.status, 200, "{:?}", held.body);
+        assert!(
+            sharded >= 1,
+            "the item's master has the sharded subscription"
+        );
+        assert_eq!(plain, 0, "no plain subscription");
+        assert_eq!(waited.status, 200, "{:?}", waited.body);
+        assert!(
+            took < Duration::from_secs(3),
+            "woken by the release, not by the 30 s lease: {took:?}"
+        );
+        // The other masters do not hear the item's releases.
+        for other in masters.iter().filter(|m| m.id != owner.id) {
+            let mut node = setup.cluster.node_connection(other.port).await;
+            let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                .arg("SHARDNUMSUB")
+                .arg(format!("inventory:{{{item}}}:lock:released"))
+                .query_async(&mut node)
+                .await
+                .unwrap();
+            assert_eq!(n, 0, "{} is not the item's shard", other.addr());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replica_acks_work_on_a_cluster_with_wait_sent_to_the_items_master() {
+    let setup = start(|b| b.env("REPLICA_ACKS", 1).env("REPLICA_ACK_TIMEOUT_MS", 1000)).await;
+    for app in &setup.apps {
+        let ready = request(app, "GET", "/ready").await;
+        assert_eq!(
+            ready.status, 200,
+            "cluster_state:ok is ready: {:?}",
+            ready.body
+        );
+        let metrics = request(app, "GET", "/metrics").await;
+        assert_eq!(metrics.status, 200);
+    }
+    let masters = setup.cluster.masters().await;
+    let items = items_on(&masters, "acked");
+    for strategy in ["fenced", "atomic", "lua-release"] {
+        for item in &items {
+            stock_item(&setup.apps[0], item, 2).await;
+            for app in &setup.apps {
+                let reply = sell(app, item, &format!("strategy={strategy}")).await;
+                assert_eq!(reply.status, 200, "{strategy} {item}: {:?}", reply.body);
+            }
+            let audit = audit(&setup.apps[0], item).await;
+            assert_eq!(audit["clean"], true, "{audit}");
+            assert_eq!(audit["remaining"].as_i64(), Some(0), "{audit}");
+        }
+    }
+}
+
+/// Sells `items` in a loop from both instances until `stop`, recording every reply.
+async fn load(
+    apps: &[Instance],
+    items: &[String],
+    query: &str,
+    stop: &tokio::sync::Notify,
+) -> Vec<(String, Reply)> {
+    let mut replies = Vec::new();
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    let mut n = 0usize;
+    loop {
+        let round = items.iter().enumerate().map(|(i, item)| {
+            let app = &apps[(n + i) % 2];
+            async move { (item.clone(), sell(app, item, query).await) }
+        });
+        tokio::select! {
+            done = futures_util::future::join_all(round) => replies.extend(done),
+            () = &mut stopped => return replies,
+        }
+        n += 1;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_master_stops_only_its_own_items_until_its_replica_takes_over_and_oversells_nothing()
+ {
+    let mut setup = start(|b| {
+        b.env("LOCK_TTL_MS", 2000)
+            .env("LOCK_WAIT_MS", 1500)
+            .env("REDIS_TIMEOUT_MS", 500)
+    })
+    .await;
+    let masters = setup.cluster.masters().await;
+    let items = items_on(&masters, "failover");
+    for item in &items {
+        stock_item(&setup.apps[0], item, 100_000).await;
+    }
+    setup.cluster.wait_for_replication().await;
+    let stop = tokio::sync::Notify::new();
+    let (replies, promoted) = {
+        let apps = &setup.apps;
+        let loaded = load(apps, &items, "strategy=fenced", &stop);
+        let fault = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let killed = setup.cluster.kill_master(0).await;
+            let killed_at = Instant::now();
+            let promoted = setup
+                .cluster
+                .wait_for_failover(&killed, FAILOVER_WITHIN)
+                .await;
+            // Sales of the failed shard come back by themselves.
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                let reply = sell(&apps[0], &items[0], "strategy=fenced").await;
+                if reply.status == 200 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{} never sold again after the failover: {:?}\n{}",
+                    items[0],
+                    reply.body,
+                    apps[0].log()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stop.notify_waiters();
+            (promoted, killed_at)
+        };
+        let (replies, (promoted, _)) = tokio::join!(loaded, fault);
+        (replies, promoted)
+    };
+    assert!(promoted.is_master());
+    for (i, item) in items.iter().enumerate() {
+        let mine: Vec<&Reply> = replies
+            .iter()
+            .filter(|(it, _)| it == item)
+            .map(|(_, r)| r)
+            .collect();
+        for r in &mine {
+            assert!(
+                r.status == 200 || r.status == 503 || r.status == 409,
+                "{item}: {} {}\n{}",
+                r.status,
+                r.body,
+                setup.apps[0].log()
+            );
+            assert!(
+                r.elapsed < Duration::from_secs(8),
+                "{item}: a sale took {:?}: {}",
+                r.elapsed,
+                r.body
+            );
+        }
+        let sold = mine.iter().filter(|r| r.status == 200).count();
+        if i > 0 {
+            // The other masters sold all along: only a sale caught by the crate's slot
+            // refresh may fail.
+            let failed = mine.len() - sold;
+            assert!(
+                failed * 10 <= mine.len(),
+                "{item} on a live master: {failed} of {} failed",
+                mine.len()
+            );
+        } else {
+            assert!(sold > 0, "{item} sold again after the failover");
+            assert!(
+                mine.iter().any(|r| r.status == 503),
+                "{item}'s master was dead for a while: some sale answered 503"
+            );
+        }
+        let audit = audit(&setup.apps[1], item).await;
+        assert_eq!(audit["oversold"].as_i64(), Some(0), "{item}: {audit}");
+        assert!(
+            audit["duplicates"].as_array().is_some_and(Vec::is_empty),
+            "{item}: {audit}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_items_slot_moved_under_load_half_way_then_all_the_way_still_sells_each_unit_once() {
+    let setup = start(|b| b.env("LOCK_TTL_MS", 3000).env("LOCK_WAIT_MS", 3000)).await;
+    let masters = setup.cluster.masters().await;
+    let stock = 60;
+    for strategy in ["fenced", "atomic", "optimistic"] {
+        let item = &items_on(&masters, &format!("moved-{strategy}"))[0];
+        let slot = hash_slot(&format!("{{{item}}}"));
+        let from = setup.cluster.master_for_slot(slot).await;
+        let to = masters.iter().find(|m| m.id != from.id).unwrap().clone();
+        stock_item(&setup.apps[0], item, stock).await;
+        let items = vec![item.clone()];
+        let stop = tokio::sync::Notify::new();
+        let query = format!("strategy={strategy}&work_ms=3");
+        let migration = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let moved = setup
+                .cluster
+                .migrate_slot(slot, &from, &to, Migration::StopAfterKeys(3))
+                .await;
+            assert!(moved > 0, "some keys moved half-way");
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            setup
+                .cluster
+                .migrate_slot(slot, &from, &to, Migration::Finish)
+                .await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            stop.notify_waiters();
+        };
+        let (mut replies, ()) = tokio::join!(load(&setup.apps, &items, &query, &stop), migration);
+        // Then sell what is left, on the new owner.
+        for _ in 0..(2 * stock) {
+            let reply = sell(&setup.apps[replies.len() % 2], item, &query).await;
+            let done = reply.error_code() == "sold_out";
+            replies.push((item.clone(), reply));
+            if done {
+                break;
+            }
+        }
+        let audit = audit(&setup.apps[1], item).await;
+        assert_eq!(audit["clean"], true, "{strategy}: {audit}");
+        assert_eq!(audit["sales"].as_i64(), Some(stock), "{strategy}: {audit}");
+        assert_eq!(audit["remaining"].as_i64(), Some(0), "{strategy}: {audit}");
+        let mut remaining: Vec<i64> = replies
+            .iter()
+            .filter(|(_, r)| r.status == 200)
+            .map(|(_, r)| r.body["remaining"].as_i64().unwrap())
+            .collect();
+        let answered = remaining.len();
+        remaining.sort_unstable();
+        remaining.dedup();
+        assert_eq!(remaining.len(), answered, "{strategy}: no value sold twice");
+        assert!(answered as i64 <= stock, "{strategy}");
+        let owner = setup.cluster.master_for_slot(slot).await;
+        assert_eq!(owner.id, to.id, "the slot moved");
+        for (_, r) in &replies {
+            assert!(
+                matches!(r.status, 200 | 409 | 503),
+                "{strategy}: {} {}\n{}",
+                r.status,
+                r.body,
+                setup
+                    .apps
+                    .iter()
+                    .flat_map(|a| a.log().lines().map(str::to_owned).collect::<Vec<_>>())
+                    .filter(|l| (l.contains("\"ERROR\"") || l.contains("\"WARN\""))
+                        && !l.contains("503 Service"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+    }
+}
