@@ -5,7 +5,7 @@
 //! in a fresh random order. Round-robin's fairness (each item gets `requests / N` requests,
 //! give or take one, so `--requests N * stock` or more sells every item out and the items'
 //! figures compare) without its lockstep: nginx alternates the instances request by request,
-//! so with a fixed order and an even N each item would go mostly to one instance, and `local`
+//! so with a fixed order and an even N an item could go mostly to one instance, and `local`
 //! (one mutex per instance) would look safe. Uniform random draws break the lockstep too, but
 //! leave some items short of their stock in a `--requests` run.
 
