@@ -48,17 +48,22 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
 <p class="legend"><span style="background:{STOCK}"></span>stock<span style="background:{SAFE}"></span>sold, safe<span style="background:{BAD}"></span>sold, oversold</p>
 "#
     );
+    // With many items the stock to hold the sales against is every item's together.
+    let total_stock = |r: &StrategyReport| r.stock.max(0) as u64 * r.items.max(1) as u64;
     let max_sold = reports
         .iter()
-        .map(|r| r.sold.max(r.stock.max(0) as u64))
+        .map(|r| r.sold.max(total_stock(r)))
         .max()
         .unwrap_or(1);
     page.push_str(&bars(reports, max_sold as f64, |r| {
         vec![
             (
-                r.stock.max(0) as f64,
+                total_stock(r) as f64,
                 STOCK.to_owned(),
-                format!("stock {}", r.stock),
+                match r.items {
+                    0 | 1 => format!("stock {}", r.stock),
+                    n => format!("stock {} ({n} x {})", total_stock(r), r.stock),
+                },
             ),
             (
                 r.sold as f64,
@@ -419,6 +424,10 @@ mod tests {
             "every other item green"
         );
         assert!(page.contains("local - 2 items, 1 oversold"));
+        assert!(
+            page.contains("<title>stock 20 (2 x 10)</title>"),
+            "the items' stock in all"
+        );
         assert!(page.contains("fenced - 2 items, 0 oversold"));
     }
 }
