@@ -10,6 +10,7 @@ const BAD: &str = "#c53030";
 const STOCK: &str = "#a0aec0";
 
 pub fn render(plan: &Plan, reports: &[StrategyReport]) -> String {
+    let items = reports.iter().map(|r| r.items).max().unwrap_or(1);
     let mut page = String::new();
     let _ = write!(
         page,
@@ -27,11 +28,15 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
 .legend span {{ display: inline-block; width: .8rem; height: .8rem; margin: 0 .3rem 0 1rem; vertical-align: -1px; }}
 </style></head><body>
 <h1>inventory load test</h1>
-<p class="sub">{requests} sales requested per strategy against a stock of {stock}, {concurrency} at a time,
+<p class="sub">{requests} sales requested per strategy against a stock of {stock}{each}, {concurrency} at a time,
 {work} ms of work inside the lock, through <code>{target}</code>.</p>
 "#,
         requests = plan.requests,
         stock = plan.stock,
+        each = match items {
+            1 => String::new(),
+            n => format!(" on each of {n} items"),
+        },
         concurrency = plan.concurrency,
         work = plan.work_ms,
         target = escape(&plan.target),
@@ -43,17 +48,22 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
 <p class="legend"><span style="background:{STOCK}"></span>stock<span style="background:{SAFE}"></span>sold, safe<span style="background:{BAD}"></span>sold, oversold</p>
 "#
     );
+    // With many items the stock to hold the sales against is every item's together.
+    let total_stock = |r: &StrategyReport| r.stock.max(0) as u64 * r.items.max(1) as u64;
     let max_sold = reports
         .iter()
-        .map(|r| r.sold.max(r.stock.max(0) as u64))
+        .map(|r| r.sold.max(total_stock(r)))
         .max()
         .unwrap_or(1);
     page.push_str(&bars(reports, max_sold as f64, |r| {
         vec![
             (
-                r.stock.max(0) as f64,
+                total_stock(r) as f64,
                 STOCK.to_owned(),
-                format!("stock {}", r.stock),
+                match r.items {
+                    0 | 1 => format!("stock {}", r.stock),
+                    n => format!("stock {} ({n} x {})", total_stock(r), r.stock),
+                },
             ),
             (
                 r.sold as f64,
@@ -62,6 +72,18 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
             ),
         ]
     }));
+
+    if items > 1 {
+        let _ = write!(
+            page,
+            r#"<h2>Sales per item</h2>
+<p class="legend"><span style="background:{SAFE}"></span>sold, safe<span style="background:{BAD}"></span>sold, oversold<span style="background:{STOCK}"></span>stock</p>
+"#
+        );
+        for r in reports.iter().filter(|r| r.items > 1) {
+            page.push_str(&item_bars(r));
+        }
+    }
 
     page.push_str("<h2>Throughput (requests per second)</h2>\n");
     let max_rps = reports.iter().map(|r| r.throughput_rps).fold(1.0, f64::max);
@@ -150,6 +172,67 @@ fn verdict_color(r: &StrategyReport) -> &'static str {
     } else {
         BAD
     }
+}
+
+/// One strategy's items as vertical bars of their 200s, oversold items red, under a line at
+/// the stock. Ten thousand items still fit: a bar is then a fraction of a pixel wide.
+fn item_bars(r: &StrategyReport) -> String {
+    const WIDTH: f64 = 940.0;
+    const HEIGHT: f64 = 120.0;
+    const TOP: f64 = 18.0;
+    let oversold = r
+        .per_item
+        .iter()
+        .filter(|i| i.verdict == Verdict::Oversold)
+        .count();
+    let max = r
+        .per_item
+        .iter()
+        .map(|i| i.sold)
+        .max()
+        .unwrap_or(0)
+        .max(r.stock.max(0) as u64)
+        .max(1) as f64;
+    let slot = WIDTH / r.per_item.len().max(1) as f64;
+    let gap = if slot > 4.0 { 1.0 } else { 0.0 };
+    let total = HEIGHT + TOP;
+    let mut svg = format!(
+        r#"<svg width="{WIDTH}" height="{total}" viewBox="0 0 {WIDTH} {total}" style="max-width:100%;height:auto" role="img"><text x="0" y="12">{} - {} items, {oversold} oversold</text>"#,
+        escape(&r.strategy),
+        r.per_item.len(),
+    );
+    for (n, item) in r.per_item.iter().enumerate() {
+        let h = (item.sold as f64 / max * HEIGHT).max(if item.sold > 0 { 1.0 } else { 0.0 });
+        let color = if item.verdict == Verdict::Oversold {
+            BAD
+        } else {
+            SAFE
+        };
+        let _ = write!(
+            svg,
+            r#"<rect x="{:.2}" y="{:.1}" width="{:.2}" height="{h:.1}" fill="{color}"><title>{}: {} sold, {} in its ledger, stock {}{}</title></rect>"#,
+            n as f64 * slot,
+            TOP + HEIGHT - h,
+            (slot - gap).max(0.1),
+            escape(&item.id),
+            item.sold,
+            item.audit_sales,
+            r.stock,
+            if item.verdict == Verdict::Oversold {
+                ", OVERSOLD"
+            } else {
+                ""
+            },
+        );
+    }
+    let stock_y = TOP + HEIGHT - r.stock.max(0) as f64 / max * HEIGHT;
+    let _ = write!(
+        svg,
+        r#"<line x1="0" x2="{WIDTH}" y1="{stock_y:.1}" y2="{stock_y:.1}" stroke="{STOCK}" stroke-dasharray="4 3"><title>stock {}</title></line>"#,
+        r.stock
+    );
+    svg.push_str("</svg>\n");
+    svg
 }
 
 /// Horizontal bars, one group per strategy, one bar per series.
@@ -243,6 +326,8 @@ mod tests {
             agrees: true,
             disagreement: None,
             verdict,
+            items: 1,
+            per_item: Vec::new(),
         }
     }
 
@@ -277,5 +362,72 @@ mod tests {
             "the target is escaped"
         );
         assert!(!page.contains("<script"), "no script, nothing fetched");
+        assert!(
+            !page.contains("Sales per item"),
+            "one item: no chart per item"
+        );
+    }
+
+    #[test]
+    fn many_items_get_a_chart_of_sales_per_item_with_the_oversold_items_red() {
+        let item = |id: &str, sold: u64, verdict: Verdict| crate::ItemReport {
+            id: id.into(),
+            requests: 20,
+            sold,
+            errors: 0,
+            audit_sales: sold as i64,
+            remaining: 0,
+            oversold: sold.saturating_sub(10) as i64,
+            lost_updates: 0,
+            duplicates: 0,
+            lost_200: 0,
+            agrees: true,
+            disagreement: None,
+            verdict,
+        };
+        let mut local = report("local", 20, Verdict::Oversold);
+        local.items = 2;
+        local.per_item = vec![
+            item("item-0001", 6, Verdict::Safe),
+            item("item-0002", 14, Verdict::Oversold),
+        ];
+        let mut fenced = report("fenced", 20, Verdict::Safe);
+        fenced.items = 2;
+        fenced.per_item = vec![
+            item("item-0001", 10, Verdict::Safe),
+            item("item-0002", 10, Verdict::Safe),
+        ];
+        let plan = Plan {
+            target: "http://127.0.0.1:8080".into(),
+            strategies: vec![],
+            stock: 10,
+            requests: 40,
+            concurrency: 4,
+            work_ms: 0,
+            admin_token: None,
+        };
+        let page = render(&plan, &[local, fenced]);
+        assert!(page.contains("Sales per item"), "{page}");
+        assert!(page.contains("a stock of 10 on each of 2 items"));
+        assert_eq!(
+            page.matches("<svg").count(),
+            5,
+            "3 charts + one per strategy"
+        );
+        assert!(page.contains(&format!(
+            "fill=\"{BAD}\"><title>item-0002: 14 sold, 14 in its ledger, stock 10, OVERSOLD"
+        )));
+        assert_eq!(
+            page.matches(&format!("fill=\"{SAFE}\"><title>item-"))
+                .count(),
+            3,
+            "every other item green"
+        );
+        assert!(page.contains("local - 2 items, 1 oversold"));
+        assert!(
+            page.contains("<title>stock 20 (2 x 10)</title>"),
+            "the items' stock in all"
+        );
+        assert!(page.contains("fenced - 2 items, 0 oversold"));
     }
 }

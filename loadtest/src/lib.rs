@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod failover;
 pub mod html;
+pub mod items;
 pub mod lockbench;
 pub mod picture;
 pub mod scenarios;
@@ -20,11 +21,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use futures_util::{StreamExt, TryStreamExt};
 use inventory::http::ErrorBody;
 use inventory::lock::Strategy;
 use inventory::sale::Sold;
 use inventory::store::Audit;
 use serde::{Deserialize, Serialize};
+
+pub use items::{ItemReport, MAX_ITEMS};
 
 /// What one run asks for.
 #[derive(Debug, Clone)]
@@ -87,8 +91,19 @@ pub struct StrategyReport {
     /// Why they do not, when they do not.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub disagreement: Option<String>,
-    /// `SAFE` or `OVERSOLD`.
+    /// `SAFE` or `OVERSOLD`: `OVERSOLD` when any item is.
     pub verdict: Verdict,
+    /// How many items the sales were spread over (`--items`); 1 is the default item. The
+    /// figures above are the items' totals.
+    #[serde(default = "one")]
+    pub items: usize,
+    /// Each item's figures against its own audit, in id order.
+    #[serde(default)]
+    pub per_item: Vec<ItemReport>,
+}
+
+fn one() -> usize {
+    1
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -127,8 +142,10 @@ impl StrategyReport {
     }
 }
 
-/// One request: how it ended, how long it took, and when it was sent (since the start).
+/// One request: which item it asked for (an index into the run's items), how it ended, how
+/// long it took, and when it was sent (since the start).
 struct Sale {
+    item: usize,
     outcome: Outcome,
     latency: Duration,
     sent: Duration,
@@ -152,6 +169,9 @@ pub struct LoadTest {
     /// Throughput mode: sell for this long instead of `plan.requests` times.
     duration: Option<Duration>,
     failover: Option<failover::Failover>,
+    /// Where each item lives: `/inventory` for the default item alone, else
+    /// `/inventory/{item}` per item.
+    item_paths: Vec<String>,
 }
 
 /// What `--health` measures: the HTTP path alone, to hold against `wrk`.
@@ -183,7 +203,28 @@ impl LoadTest {
             http,
             duration: None,
             failover: None,
+            item_paths: vec!["/inventory".to_owned()],
         })
+    }
+
+    /// Spreads each run's sales over `items` items of their own (`item-0001`, ...), each reset
+    /// to the plan's stock before the run; 1 keeps the default item on the paths without an
+    /// id. At most [`MAX_ITEMS`].
+    pub fn with_items(mut self, items: usize) -> anyhow::Result<Self> {
+        items::check_count(items)?;
+        self.item_paths = if items == 1 {
+            vec!["/inventory".to_owned()]
+        } else {
+            (1..=items)
+                .map(|n| format!("/inventory/{}", items::item_id(n, items)))
+                .collect()
+        };
+        Ok(self)
+    }
+
+    /// How many items each run sells.
+    pub fn items(&self) -> usize {
+        self.item_paths.len()
     }
 
     /// Kills the master that Sentinel names `failover.after` into each run.
@@ -249,6 +290,7 @@ impl LoadTest {
         let started = Instant::now();
         let end = self.duration.map(|d| started + d);
         let next = Arc::new(AtomicUsize::new(0));
+        let deck = items::Deck::new(self.items());
         let workers = match end {
             Some(_) => self.plan.concurrency,
             None => self.plan.concurrency.min(self.plan.requests),
@@ -256,6 +298,7 @@ impl LoadTest {
         let workers = (0..workers).map(|_| {
             let next = next.clone();
             let progress = progress.clone();
+            let deck = &deck;
             async move {
                 let mut done = Vec::new();
                 let more = || match end {
@@ -263,9 +306,11 @@ impl LoadTest {
                     None => next.fetch_add(1, Ordering::Relaxed) < self.plan.requests,
                 };
                 while more() {
+                    let item = deck.draw();
                     let sent = started.elapsed();
-                    let (outcome, latency) = self.sell_once(strategy).await;
+                    let (outcome, latency) = self.sell_once(strategy, item).await;
                     done.push(Sale {
+                        item,
                         outcome,
                         latency,
                         sent,
@@ -296,16 +341,16 @@ impl LoadTest {
         let results: Vec<Sale> = results.into_iter().flatten().collect();
         let killed = killed.transpose()?;
         let duration = started.elapsed();
-        let audit = self.audit().await?;
+        let audits = self.audits().await?;
         let mut report = summarize(
             strategy,
             self.plan.stock,
             results
                 .iter()
-                .map(|s| (s.outcome.clone(), s.latency))
+                .map(|s| (s.item, s.outcome.clone(), s.latency))
                 .collect(),
             duration,
-            &audit,
+            &audits,
         );
         if let Some((killed, at)) = killed {
             report.resumed_after_s = results
@@ -319,10 +364,10 @@ impl LoadTest {
         Ok(report)
     }
 
-    async fn sell_once(&self, strategy: Strategy) -> (Outcome, Duration) {
+    async fn sell_once(&self, strategy: Strategy, item: usize) -> (Outcome, Duration) {
         let url = format!(
-            "{}/inventory/sale?strategy={strategy}&work_ms={}",
-            self.plan.target, self.plan.work_ms
+            "{}{}/sale?strategy={strategy}&work_ms={}",
+            self.plan.target, self.item_paths[item], self.plan.work_ms
         );
         let started = Instant::now();
         let outcome = match self.http.post(url).send().await {
@@ -343,10 +388,20 @@ impl LoadTest {
         (outcome, started.elapsed())
     }
 
+    /// Resets every item, as many at once as the plan's concurrency.
     async fn reset(&self) -> anyhow::Result<()> {
+        futures_util::stream::iter(&self.item_paths)
+            .map(|path| self.reset_one(path))
+            .buffer_unordered(self.plan.concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
+    }
+
+    async fn reset_one(&self, path: &str) -> anyhow::Result<()> {
         let mut request = self
             .http
-            .put(format!("{}/inventory", self.plan.target))
+            .put(format!("{}{path}", self.plan.target))
             .json(&serde_json::json!({ "stock": self.plan.stock }));
         if let Some(token) = &self.plan.admin_token {
             request = request.bearer_auth(token);
@@ -358,21 +413,30 @@ impl LoadTest {
         let status = response.status();
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();
-            bail!("resetting the stock failed with {status}: {body}");
+            bail!("resetting the stock ({path}) failed with {status}: {body}");
         }
         Ok(())
     }
 
-    async fn audit(&self) -> anyhow::Result<Audit> {
+    /// Every item's audit, in the items' order.
+    async fn audits(&self) -> anyhow::Result<Vec<Audit>> {
+        futures_util::stream::iter(&self.item_paths)
+            .map(|path| self.audit(path))
+            .buffered(self.plan.concurrency)
+            .try_collect()
+            .await
+    }
+
+    async fn audit(&self, path: &str) -> anyhow::Result<Audit> {
         let response = self
             .http
-            .get(format!("{}/inventory/audit", self.plan.target))
+            .get(format!("{}{path}/audit", self.plan.target))
             .send()
             .await
             .context("cannot read the audit")?;
         let status = response.status();
         if !status.is_success() {
-            bail!("the audit failed with {status}");
+            bail!("the audit ({path}/audit) failed with {status}");
         }
         Ok(response.json().await?)
     }
@@ -411,22 +475,28 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
+/// Totals over every item, each item judged against its own audit. `results` name their
+/// item by its index into `audits`.
 fn summarize(
     strategy: Strategy,
     stock: i64,
-    results: Vec<(Outcome, Duration)>,
+    results: Vec<(usize, Outcome, Duration)>,
     duration: Duration,
-    audit: &Audit,
+    audits: &[Audit],
 ) -> StrategyReport {
     let (mut sold, mut sold_out, mut refused, mut errors) = (0, 0, 0, 0);
     let mut error_kinds = BTreeMap::new();
     let mut instances = BTreeMap::new();
     let mut latencies = Vec::with_capacity(results.len());
-    for (outcome, latency) in results {
+    let mut tallies = vec![items::Tally::default(); audits.len()];
+    for (item, outcome, latency) in results {
         latencies.push(latency);
+        let tally = &mut tallies[item];
+        tally.requests += 1;
         match outcome {
             Outcome::Sold { instance } => {
                 sold += 1;
+                tally.sold += 1;
                 *instances
                     .entry(instance.unwrap_or_else(|| "?".into()))
                     .or_insert(0) += 1;
@@ -435,21 +505,22 @@ fn summarize(
             Outcome::Refused => refused += 1,
             Outcome::Error(kind) => {
                 errors += 1;
+                tally.errors += 1;
                 *error_kinds.entry(kind).or_insert(0) += 1;
             }
         }
     }
     latencies.sort_unstable();
+    let per_item: Vec<ItemReport> = tallies
+        .into_iter()
+        .zip(audits)
+        .map(|(tally, audit)| ItemReport::judge(tally, audit))
+        .collect();
     let requests = latencies.len() as u64;
     let secs = duration.as_secs_f64().max(1e-9);
-    let disagreement = disagreement(sold, errors, audit.sales);
-    let lost_200 = (sold as i64 - audit.sales).max(0);
-    // A sale answered 200 and lost sells its item again: an oversell the audit cannot see.
-    let verdict = if audit.oversold > 0
-        || audit.lost_updates != 0
-        || !audit.duplicates.is_empty()
-        || lost_200 > 0
-    {
+    let audit_sales = per_item.iter().map(|i| i.audit_sales).sum();
+    let disagreement = total_disagreement(&per_item, sold, errors, audit_sales);
+    let verdict = if per_item.iter().any(|i| i.verdict == Verdict::Oversold) {
         Verdict::Oversold
     } else {
         Verdict::Safe
@@ -463,12 +534,14 @@ fn summarize(
         refused,
         errors,
         error_kinds,
-        oversold: audit.oversold,
-        lost_updates: audit.lost_updates,
-        duplicates: audit.duplicates.len() as u64,
-        remaining: audit.remaining,
-        audit_sales: audit.sales,
-        lost_200,
+        oversold: per_item.iter().map(|i| i.oversold).sum(),
+        lost_updates: per_item.iter().map(|i| i.lost_updates).sum(),
+        duplicates: per_item.iter().map(|i| i.duplicates).sum(),
+        remaining: per_item.iter().map(|i| i.remaining).sum(),
+        audit_sales,
+        // Per item, then summed: one item's lost 200 is not cancelled by another item's
+        // sale that the clients never saw.
+        lost_200: per_item.iter().map(|i| i.lost_200).sum(),
         failover: None,
         resumed_after_s: None,
         instances,
@@ -484,12 +557,44 @@ fn summarize(
         agrees: disagreement.is_none(),
         disagreement,
         verdict,
+        items: per_item.len(),
+        per_item,
     }
+}
+
+/// The clients and the ledgers agree when they agree on every item. One item says what it
+/// always said; several add which items disagree, since totals can match while items do not.
+fn total_disagreement(
+    per_item: &[ItemReport],
+    sold: u64,
+    errors: u64,
+    recorded: i64,
+) -> Option<String> {
+    if let [only] = per_item {
+        return only.disagreement.clone();
+    }
+    let ids: Vec<String> = per_item
+        .iter()
+        .filter(|i| !i.agrees)
+        .map(|i| i.id.clone())
+        .collect();
+    if ids.is_empty() {
+        return None;
+    }
+    let total = disagreement(sold, errors, recorded).unwrap_or_else(|| {
+        format!("the server recorded {recorded} sales in all, as many as the clients received")
+    });
+    Some(format!(
+        "{total}; {} of {} items disagree: {}",
+        ids.len(),
+        per_item.len(),
+        items::name_some(&ids, 10)
+    ))
 }
 
 /// The client saw `sold` sales; the server recorded `recorded`. Requests that ended in an
 /// error (a dropped connection, a 502) may or may not have sold, and are said to be so.
-fn disagreement(sold: u64, errors: u64, recorded: i64) -> Option<String> {
+pub(crate) fn disagreement(sold: u64, errors: u64, recorded: i64) -> Option<String> {
     let sold = sold as i64;
     if recorded == sold {
         return None;
@@ -537,6 +642,125 @@ mod tests {
         );
         assert!(matches!(classify(502, b"<html>", None), Outcome::Error(k) if k == "http_502"));
         assert!(matches!(classify(200, b"{}", None), Outcome::Error(_)));
+    }
+
+    fn audit(item: &str, initial: i64, sales: i64, remaining: i64) -> Audit {
+        Audit {
+            item: item.into(),
+            initial,
+            remaining,
+            sales,
+            oversold: (sales - initial).max(0),
+            lost_updates: sales - (initial - remaining),
+            duplicates: Vec::new(),
+            clean: sales <= initial && sales == initial - remaining,
+        }
+    }
+
+    /// `n` requests for `item`, each ending in `outcome`, 1 ms each.
+    fn sales(item: usize, n: usize, outcome: Outcome) -> Vec<(usize, Outcome, Duration)> {
+        vec![(item, outcome, Duration::from_millis(1)); n]
+    }
+
+    fn sold(instance: &str) -> Outcome {
+        Outcome::Sold {
+            instance: Some(instance.into()),
+        }
+    }
+
+    fn fenced() -> Strategy {
+        "fenced".parse().unwrap()
+    }
+
+    #[test]
+    fn the_totals_are_the_sums_of_the_items_and_one_oversold_item_makes_the_strategy_oversold() {
+        let mut results = sales(0, 5, sold("app1"));
+        results.extend(sales(0, 3, Outcome::SoldOut));
+        results.extend(sales(1, 7, sold("app2")));
+        results.extend(sales(2, 4, sold("app1")));
+        results.extend(sales(2, 1, Outcome::Error("http_502".into())));
+        let audits = [
+            audit("item-0001", 5, 5, 0),
+            audit("item-0002", 5, 7, 0),
+            audit("item-0003", 5, 5, 0),
+        ];
+        let report = summarize(fenced(), 5, results, Duration::from_secs(1), &audits);
+        assert_eq!(report.items, 3);
+        let ids: Vec<&str> = report.per_item.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["item-0001", "item-0002", "item-0003"]);
+        let per = |f: fn(&ItemReport) -> i64| report.per_item.iter().map(f).sum::<i64>();
+        assert_eq!(report.sold as i64, per(|i| i.sold as i64));
+        assert_eq!(report.audit_sales, per(|i| i.audit_sales));
+        assert_eq!(report.oversold, per(|i| i.oversold));
+        assert_eq!(report.lost_updates, per(|i| i.lost_updates));
+        assert_eq!(report.remaining, per(|i| i.remaining));
+        assert_eq!(report.requests as i64, per(|i| i.requests as i64));
+        assert_eq!((report.sold, report.oversold, report.errors), (16, 2, 1));
+        let verdicts: Vec<Verdict> = report.per_item.iter().map(|i| i.verdict).collect();
+        assert_eq!(
+            verdicts,
+            [Verdict::Safe, Verdict::Oversold, Verdict::Safe],
+            "{report:#?}"
+        );
+        assert_eq!(report.verdict, Verdict::Oversold);
+        assert!(
+            report.is_unexpected_oversell(),
+            "fenced should not oversell"
+        );
+        // The third item's ledger has a sale its clients lost with a 502: said, and named.
+        assert!(!report.per_item[2].agrees && report.per_item[1].agrees);
+        let why = report.disagreement.clone().unwrap();
+        assert!(why.contains("1 of 3 items disagree: item-0003"), "{why}");
+        assert_eq!(
+            report.instances,
+            [("app1".into(), 9), ("app2".into(), 7)].into()
+        );
+    }
+
+    #[test]
+    fn a_lost_200_of_one_item_is_not_cancelled_by_another_items_unseen_sale() {
+        let mut results = sales(0, 3, sold("app1"));
+        results.extend(sales(1, 1, sold("app1")));
+        results.extend(sales(1, 1, Outcome::Error("connect".into())));
+        // Item 1 lost a 200 (2 answered, 1 recorded... as 3 vs 2), item 2 sold one unseen.
+        let audits = [audit("item-0001", 5, 2, 3), audit("item-0002", 5, 2, 3)];
+        let report = summarize(fenced(), 5, results, Duration::from_secs(1), &audits);
+        assert_eq!(report.sold as i64, report.audit_sales, "the totals match");
+        assert_eq!(report.lost_200, 1, "{report:#?}");
+        assert_eq!(report.verdict, Verdict::Oversold);
+        assert!(!report.agrees, "the items do not: {report:#?}");
+    }
+
+    #[test]
+    fn one_item_reports_what_the_single_item_report_always_did_plus_items_and_per_item() {
+        let mut results = sales(0, 5, sold("app1"));
+        results.extend(sales(0, 2, Outcome::Error("http_502".into())));
+        let report = summarize(
+            fenced(),
+            10,
+            results,
+            Duration::from_secs(1),
+            &[audit("001", 10, 6, 4)],
+        );
+        assert_eq!((report.items, report.per_item.len()), (1, 1));
+        assert_eq!(report.per_item[0].id, "001");
+        assert_eq!(report.disagreement, disagreement(5, 2, 6));
+        assert_eq!(
+            (report.sold, report.audit_sales, report.remaining),
+            (5, 6, 4)
+        );
+        assert_eq!(report.verdict, Verdict::Safe);
+        // The new fields come last, so a line without them is the line of old.
+        let line = serde_json::to_string(&report).unwrap();
+        let (old, new) = line.split_at(line.find(r#","items":1,"per_item":["#).unwrap());
+        assert!(old.ends_with(r#""verdict":"SAFE""#), "{line}");
+        assert!(new.ends_with("]}"), "{line}");
+        let read: StrategyReport = serde_json::from_str(&format!("{old}}}")).unwrap();
+        assert_eq!(
+            (read.items, read.per_item.len()),
+            (1, 0),
+            "old lines still read"
+        );
     }
 
     #[test]

@@ -34,6 +34,14 @@ struct Args {
     /// Sales to attempt per strategy.
     #[arg(long, default_value_t = 1000)]
     requests: usize,
+    /// Spread the sales over this many items (1..=10000), ids `item-0001`, `item-0002`, ...
+    /// (four digits, five for 10000 items), each reset to --stock with
+    /// `PUT /inventory/{item}` before every strategy and judged by its own audit. Every round
+    /// of N requests visits each item once, in a random order. 1: the default item, on the
+    /// paths without an id.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=loadtest::MAX_ITEMS as u64))]
+    items: u64,
     /// Requests in flight at once.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     concurrency: u64,
@@ -105,7 +113,7 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
         work_ms: args.work_ms,
         admin_token: args.admin_token.filter(|t| !t.is_empty()),
     };
-    let mut load = LoadTest::new(plan.clone())?;
+    let mut load = LoadTest::new(plan.clone())?.with_items(args.items as usize)?;
     if args.health {
         let report = load
             .health(duration.unwrap_or(std::time::Duration::from_secs(10)))
@@ -184,4 +192,25 @@ fn progress_bar(strategy: Strategy, total: u64) -> ProgressBar {
     }
     bar.set_prefix(strategy.name());
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_outside_one_to_ten_thousand_are_refused_naming_the_range() {
+        for bad in ["0", "10001", "-3", "many"] {
+            let refusal = Args::try_parse_from(["loadtest".into(), format!("--items={bad}")])
+                .expect_err(bad)
+                .to_string();
+            assert!(refusal.contains("--items"), "{refusal}");
+            if bad.parse::<u64>().is_ok() {
+                assert!(refusal.contains("1..=10000"), "{refusal}");
+            }
+        }
+        let args = Args::try_parse_from(["loadtest", "--items", "10000"]).unwrap();
+        assert_eq!(args.items, 10_000);
+        assert_eq!(Args::try_parse_from(["loadtest"]).unwrap().items, 1);
+    }
 }

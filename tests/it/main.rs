@@ -13,6 +13,7 @@ mod handoff;
 mod harness;
 mod items;
 mod leaks;
+mod loadtest_items;
 mod lua;
 mod optimistic;
 mod pictures;
