@@ -203,10 +203,11 @@ fn splitmix64(state: &mut u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use inventory::store::Duplicate;
 
+    /// An audit of `item` as the server would compute it (shared with `lib.rs`'s tests).
     pub(crate) fn audit(item: &str, initial: i64, sales: i64, remaining: i64) -> Audit {
         Audit {
             item: item.into(),

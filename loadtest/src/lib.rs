@@ -644,18 +644,7 @@ mod tests {
         assert!(matches!(classify(200, b"{}", None), Outcome::Error(_)));
     }
 
-    fn audit(item: &str, initial: i64, sales: i64, remaining: i64) -> Audit {
-        Audit {
-            item: item.into(),
-            initial,
-            remaining,
-            sales,
-            oversold: (sales - initial).max(0),
-            lost_updates: sales - (initial - remaining),
-            duplicates: Vec::new(),
-            clean: sales <= initial && sales == initial - remaining,
-        }
-    }
+    use crate::items::tests::audit;
 
     /// `n` requests for `item`, each ending in `outcome`, 1 ms each.
     fn sales(item: usize, n: usize, outcome: Outcome) -> Vec<(usize, Outcome, Duration)> {
