@@ -313,6 +313,7 @@ mod tests {
             lost_200: 0,
             failover: None,
             resumed_after_s: None,
+            sales_per_s_before_failover: None,
             instances: [("app1".to_owned(), sold)].into(),
             duration_s: 1.0,
             throughput_rps: 20.0,

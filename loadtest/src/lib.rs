@@ -77,9 +77,13 @@ pub struct StrategyReport {
     /// The master killed by `--failover-after`.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub failover: Option<failover::Killed>,
-    /// Seconds from the kill to the first request sent after it that sold.
+    /// Seconds from the kill to the first sale sent after the outage began (the first request
+    /// after the kill that failed); 0 when no request failed.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub resumed_after_s: Option<f64>,
+    /// Sales per second until the kill: the steady rate, which the outage does not dilute.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub sales_per_s_before_failover: Option<f64>,
     /// 200s per instance (from `X-Instance`).
     pub instances: BTreeMap<String, u64>,
     pub duration_s: f64,
@@ -100,6 +104,31 @@ pub struct StrategyReport {
     /// Each item's figures against its own audit, in id order.
     #[serde(default)]
     pub per_item: Vec<ItemReport>,
+}
+
+/// How long sales stopped after a kill at `at`, from `(sent, sold, failed)` per request.
+/// Requests sent just after the kill can still be answered by the dying master, so the
+/// outage starts at the first failure after the kill and ends at the first sale sent after
+/// that failure. `None` when sales never came back.
+fn resumed_after(
+    requests: impl Iterator<Item = (Duration, bool, bool)> + Clone,
+    at: Duration,
+) -> Option<Duration> {
+    let outage = requests
+        .clone()
+        .filter(|&(sent, _, failed)| failed && sent >= at)
+        .map(|(sent, _, _)| sent)
+        .min();
+    let after = outage.unwrap_or(at);
+    let first_sale = requests
+        .filter(|&(sent, sold, _)| sold && sent > after)
+        .map(|(sent, _, _)| sent)
+        .min();
+    match (outage, first_sale) {
+        (None, Some(_)) => Some(Duration::ZERO),
+        (Some(_), Some(sale)) => Some(sale - at),
+        (_, None) => None,
+    }
 }
 
 fn one() -> usize {
@@ -325,8 +354,11 @@ impl LoadTest {
         let kill = async {
             let failover = self.failover.as_ref()?;
             tokio::time::sleep(failover.after).await;
+            // Taken once the signal is sent: finding the master first takes round trips,
+            // during which it still sells.
+            let killed = failover.kill_master().await;
             let at = started.elapsed();
-            Some(failover.kill_master().await.map(|(master, how)| {
+            Some(killed.map(|(master, how)| {
                 (
                     failover::Killed {
                         master,
@@ -353,12 +385,20 @@ impl LoadTest {
             &audits,
         );
         if let Some((killed, at)) = killed {
-            report.resumed_after_s = results
+            report.resumed_after_s = resumed_after(
+                results.iter().map(|s| {
+                    let sold = matches!(s.outcome, Outcome::Sold { .. });
+                    (s.sent, sold, matches!(s.outcome, Outcome::Error(_)))
+                }),
+                at,
+            )
+            .map(|d| (d.as_secs_f64() * 1e3).round() / 1e3);
+            let before = results
                 .iter()
-                .filter(|s| matches!(s.outcome, Outcome::Sold { .. }) && s.sent > at)
-                .map(|s| s.sent - at)
-                .min()
-                .map(|d| (d.as_secs_f64() * 1e3).round() / 1e3);
+                .filter(|s| matches!(s.outcome, Outcome::Sold { .. }) && s.sent < at)
+                .count();
+            report.sales_per_s_before_failover =
+                Some((before as f64 / at.as_secs_f64().max(1e-9)).round());
             report.failover = Some(killed);
         }
         Ok(report)
@@ -544,6 +584,7 @@ fn summarize(
         lost_200: per_item.iter().map(|i| i.lost_200).sum(),
         failover: None,
         resumed_after_s: None,
+        sales_per_s_before_failover: None,
         instances,
         duration_s: (secs * 1e3).round() / 1e3,
         throughput_rps: (requests as f64 / secs).round(),
@@ -645,6 +686,36 @@ mod tests {
     }
 
     use crate::items::tests::audit;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn an_outage_runs_from_the_first_failure_after_the_kill_to_the_next_sale() {
+        // A sale sent just after the kill was still answered by the dying master: the outage
+        // is not over then, it has not begun.
+        let requests = [
+            (ms(90), true, false),
+            (ms(101), true, false),
+            (ms(105), false, true),
+            (ms(900), false, true),
+            (ms(1500), true, false),
+            (ms(1600), true, false),
+        ];
+        assert_eq!(resumed_after(requests.into_iter(), ms(100)), Some(ms(1400)));
+    }
+
+    #[test]
+    fn no_failure_after_the_kill_is_no_outage_and_no_sale_after_it_is_never() {
+        let clean = [(ms(50), true, false), (ms(150), true, false)];
+        assert_eq!(resumed_after(clean.into_iter(), ms(100)), Some(ms(0)));
+        let dead = [(ms(50), true, false), (ms(150), false, true)];
+        assert_eq!(resumed_after(dead.into_iter(), ms(100)), None);
+        // Sold out is an answer, not a failure.
+        let sold_out = [(ms(150), false, false), (ms(200), true, false)];
+        assert_eq!(resumed_after(sold_out.into_iter(), ms(100)), Some(ms(0)));
+    }
 
     /// `n` requests for `item`, each ending in `outcome`, 1 ms each.
     fn sales(item: usize, n: usize, outcome: Outcome) -> Vec<(usize, Outcome, Duration)> {

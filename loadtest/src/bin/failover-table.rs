@@ -12,7 +12,11 @@ use loadtest::failover::{Failover, SentinelTopology};
 use loadtest::{LoadTest, Plan};
 
 #[derive(Debug, Parser)]
-#[command(name = "failover-table", version, about)]
+#[command(
+    name = "failover-table",
+    version,
+    about = "Kills the Sentinel master under load, per strategy and REPLICA_ACKS, and counts the sales answered 200 and lost"
+)]
 struct Args {
     /// Strategies (comma-separated).
     #[arg(
@@ -58,9 +62,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         None => testkit::inventory_binary()?,
     };
     println!(
-        "| strategy | REPLICA_ACKS | sold (200) | 200 lost | sales resumed after | errors | sales/s | verdict |"
+        "| strategy | REPLICA_ACKS | sold (200) | 200 lost | sales resumed after | errors | sales/s before the kill | sales/s overall | verdict |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for &strategy in &args.strategy {
         for &acks in &args.acks {
             let topology =
@@ -83,16 +87,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 });
             let r = load.run_strategy(strategy, None).await?;
             println!(
-                "| {strategy} | {acks} | {} | {} | {} | {} | {:.0} | {} |",
+                "| {strategy} | {acks} | {} | {} | {} | {} | {} | {:.0} | {} |",
                 r.sold,
                 r.lost_200,
                 r.resumed_after_s
                     .map_or("never".into(), |s| format!("{s:.2} s")),
-                r.errors,
+                errors(&r),
+                r.sales_per_s_before_failover
+                    .map_or("-".into(), |s| format!("{s:.0}")),
                 r.sales_per_s,
                 r.verdict
             );
         }
     }
     Ok(())
+}
+
+/// The error count with its kinds, most frequent first: what a failover costs differs by
+/// kind (a fast 503 `redis_unavailable` against a refused `not_replicated`).
+fn errors(r: &loadtest::StrategyReport) -> String {
+    if r.errors == 0 {
+        return "0".into();
+    }
+    let mut kinds: Vec<_> = r.error_kinds.iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    format!("{} ({})", r.errors, kinds.join(", "))
 }

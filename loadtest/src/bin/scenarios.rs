@@ -9,7 +9,11 @@ use loadtest::scenarios::{self, Fault, Row, Run, Side};
 
 /// Fault scenarios: one fault each, a timeline of what every instance did, and a verdict.
 #[derive(Debug, Parser)]
-#[command(name = "scenarios", version, about)]
+#[command(
+    name = "scenarios",
+    version,
+    about = "Makes each strategy's flaw happen on demand (a paused holder, a killed master, ...) and says whether it did"
+)]
 struct Args {
     /// Scenarios to run (comma-separated), or `all`.
     #[arg(long, default_value = "all", value_delimiter = ',', value_parser = scenario_arg)]
