@@ -7,7 +7,7 @@ NGINX_PORT ?= 8080
 LOADTEST_ARGS ?= --stock 100 --requests 1000 --concurrency 64
 REPORT ?= run/report.html
 
-.PHONY: failover-table test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios scenario-pictures compose-check bench-lock bench
+.PHONY: failover-table cluster-table test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios scenario-pictures compose-check bench-lock bench
 
 ## demo: install redis-server and nginx if missing, build, start the native stack, load-test every strategy
 demo: stack-deps up
@@ -52,6 +52,13 @@ failover-table: stack-deps
 	$(CARGO) build --release -p inventory --bin inventory
 	$(CARGO) build --release -p loadtest --bin failover-table
 	target/release/failover-table $(FAILOVER_ARGS)
+
+## cluster-table: the load test through nginx on one Redis against a Redis Cluster of three
+## masters (atomic and fenced, 1 and 64 items): sales/s, p99, each master's share of commands
+cluster-table: stack-deps
+	$(CARGO) build --release -p inventory --bin inventory
+	$(CARGO) build --release -p loadtest --bin cluster-table
+	target/release/cluster-table $(CLUSTER_TABLE_ARGS)
 
 ## bench-lock: C client processes on one lock, the project's waits against rslock (JSON lines)
 BENCH_LOCK_ARGS ?= --clients 16,64 --duration 10

@@ -1,0 +1,161 @@
+//! `make cluster-table`: the load test through nginx on one Redis and on a Redis Cluster of
+//! three masters and three replicas (two instances each), for `atomic` and `fenced` over 1
+//! and 64 items. Prints sales/s, p99, and each master's share of the commands the run sent
+//! (`INFO commandstats`, so commands run inside scripts count too): one item's keys share
+//! a hash slot, so one item keeps one master busy, and many items spread over all three.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use inventory::lock::Strategy;
+use loadtest::lockbench::parse_commandstats;
+use loadtest::{LoadTest, Plan};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cluster-table",
+    version,
+    about = "Sales/s, p99 and each master's share of commands, on one Redis against a 3-master Redis Cluster"
+)]
+struct Args {
+    /// Strategies (comma-separated).
+    #[arg(long, default_value = "atomic,fenced", value_delimiter = ',')]
+    strategy: Vec<Strategy>,
+    /// Item counts (comma-separated).
+    #[arg(long, default_value = "1,64", value_delimiter = ',')]
+    items: Vec<usize>,
+    /// Seconds of selling per row.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// The `inventory` binary (default: the one next to this executable).
+    #[arg(long, env = "INVENTORY_BIN")]
+    inventory_bin: Option<std::path::PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cluster-table: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Two instances behind nginx on whatever Redis `redis` names, and the masters to count on.
+struct Stack {
+    nginx: testkit::NginxProcess,
+    _apps: Vec<testkit::InventoryProcess>,
+    masters: Vec<u16>,
+}
+
+impl Stack {
+    async fn start(
+        bin: &std::path::Path,
+        redis: (&str, &str),
+        masters: Vec<u16>,
+    ) -> anyhow::Result<Self> {
+        let mut apps = Vec::new();
+        for name in ["app1", "app2"] {
+            let mut vars = testkit::default_env("redis://127.0.0.1:1", name);
+            vars.remove("REDIS_URL");
+            vars.remove("LOCK_NODES");
+            vars.insert(redis.0.into(), redis.1.into());
+            vars.insert("LOG_FORMAT".into(), "text".into());
+            vars.insert("RUST_LOG".into(), "warn".into());
+            apps.push(testkit::InventoryProcess::start(bin, name, &vars, None).await?);
+        }
+        let nginx = testkit::NginxProcess::start([apps[0].port, apps[1].port]).await?;
+        Ok(Self {
+            nginx,
+            _apps: apps,
+            masters,
+        })
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let bin = match args.inventory_bin.clone() {
+        Some(path) => path,
+        None => testkit::inventory_binary()?,
+    };
+    println!(
+        "| Redis | strategy | items | sales/s | p99 ms | each master's share of commands | verdict |"
+    );
+    println!("|---|---|---:|---:|---:|---|---|");
+
+    let single = testkit::RedisProcess::start(&[]).await?;
+    let stack = Stack::start(&bin, ("REDIS_URL", &single.url()), vec![single.port]).await?;
+    rows(&args, "one node", &stack).await?;
+    drop(stack);
+    drop(single);
+
+    let cluster = testkit::RedisCluster::start().await;
+    let masters = cluster.masters().await.iter().map(|m| m.port).collect();
+    let seeds = cluster.seed_urls().join(",");
+    let stack = Stack::start(&bin, ("REDIS_CLUSTER", &seeds), masters).await?;
+    rows(&args, "cluster, 3 masters", &stack).await?;
+    Ok(())
+}
+
+async fn rows(args: &Args, redis: &str, stack: &Stack) -> anyhow::Result<()> {
+    for &strategy in &args.strategy {
+        for &items in &args.items {
+            let plan = Plan {
+                target: stack.nginx.url(),
+                strategies: vec![strategy],
+                stock: 1_000_000_000,
+                requests: 1,
+                concurrency: args.concurrency,
+                work_ms: 0,
+                admin_token: None,
+            };
+            let load = LoadTest::new(plan)?
+                .with_items(items)?
+                .with_duration(Duration::from_secs_f64(args.duration));
+            let before = commands(&stack.masters).await?;
+            let r = load.run_strategy(strategy, None).await?;
+            let after = commands(&stack.masters).await?;
+            let sent: Vec<u64> = after
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect();
+            let total = sent.iter().sum::<u64>().max(1);
+            let shares: Vec<String> = sent
+                .iter()
+                .map(|n| format!("{:.0}%", 100.0 * *n as f64 / total as f64))
+                .collect();
+            println!(
+                "| {redis} | {strategy} | {items} | {:.0} | {:.1} | {} | {} |",
+                r.sales_per_s,
+                r.latency_ms.p99,
+                shares.join(" / "),
+                r.verdict
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Commands each master has run since it started (`INFO commandstats`, but not `INFO`).
+async fn commands(masters: &[u16]) -> anyhow::Result<Vec<u64>> {
+    let mut counts = Vec::new();
+    for port in masters {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))?
+            .get_multiplexed_async_connection()
+            .await
+            .with_context(|| format!("cannot reach the master on port {port}"))?;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await?;
+        counts.push(parse_commandstats(&info).values().sum());
+    }
+    Ok(counts)
+}
