@@ -467,20 +467,32 @@ impl LoadTest {
             .await
     }
 
+    /// A 503 is asked again for up to [`AUDIT_PATIENCE`]: a run that ends during a failover
+    /// (or with Redis restarting) still gets its books once the service is back.
     async fn audit(&self, path: &str) -> anyhow::Result<Audit> {
-        let response = self
-            .http
-            .get(format!("{}{path}/audit", self.plan.target))
-            .send()
-            .await
-            .context("cannot read the audit")?;
-        let status = response.status();
-        if !status.is_success() {
-            bail!("the audit ({path}/audit) failed with {status}");
+        let give_up = Instant::now() + AUDIT_PATIENCE;
+        loop {
+            let response = self
+                .http
+                .get(format!("{}{path}/audit", self.plan.target))
+                .send()
+                .await
+                .context("cannot read the audit")?;
+            let status = response.status();
+            if status.is_success() {
+                return Ok(response.json().await?);
+            }
+            if status != reqwest::StatusCode::SERVICE_UNAVAILABLE || Instant::now() >= give_up {
+                bail!("the audit ({path}/audit) failed with {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Ok(response.json().await?)
     }
 }
+
+/// How long an audit answered 503 is asked again: longer than a Sentinel failover
+/// (`down-after` plus the failover itself) or a cluster's replica promotion.
+const AUDIT_PATIENCE: Duration = Duration::from_secs(15);
 
 fn classify(status: u16, body: &[u8], instance: Option<String>) -> Outcome {
     if status == 200 {
