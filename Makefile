@@ -5,6 +5,9 @@ VENV := .venv
 PYTHON ?= python3
 NGINX_PORT ?= 8080
 LOADTEST_ARGS ?= --stock 100 --requests 1000 --concurrency 64
+# Items the demo's requests are spread over, each stocked with --stock (`make demo
+# CLUSTER=1 ITEMS=64` spreads them over the cluster's masters).
+ITEMS ?= 1
 REPORT ?= run/report.html
 
 .PHONY: failover-table cluster-table test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios scenario-pictures compose-check bench-lock bench
@@ -14,7 +17,7 @@ demo: stack-deps up
 	@echo
 	@echo "== load test: every strategy, through nginx on port $(NGINX_PORT) =="
 	@status=0; target/release/loadtest --target http://127.0.0.1:$(NGINX_PORT) --strategy all \
-		$(LOADTEST_ARGS) --report $(REPORT) || status=$$?; \
+		--items $(ITEMS) $(LOADTEST_ARGS) --report $(REPORT) || status=$$?; \
 	echo; \
 	echo "The stack is still running:"; \
 	echo "  curl -si -X POST 'http://127.0.0.1:$(NGINX_PORT)/inventory/sale?strategy=local'   # see X-Instance alternate"; \

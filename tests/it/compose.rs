@@ -233,7 +233,9 @@ fn compose_config(vars: &[(&str, &str)]) -> serde_yaml::Value {
     command
         .current_dir(repo_path(""))
         .args(["--env-file", ".env.example", "config"])
-        .env_remove("PUBLISH_ADDR");
+        .env_remove("PUBLISH_ADDR")
+        .env_remove("SENTINEL_NGINX_PORT")
+        .env_remove("CLUSTER_NGINX_PORT");
     for (key, value) in vars {
         command.env(key, value);
     }
@@ -291,6 +293,7 @@ fn the_compose_file_publishes_only_on_loopback_unless_told_otherwise() {
             .args(["--env-file", ".env.example", "config", "-q"])
             .env_remove("PUBLISH_ADDR")
             .env_remove("SENTINEL_NGINX_PORT")
+            .env_remove("CLUSTER_NGINX_PORT")
             .output()
             .expect("docker-compose");
         assert!(
@@ -300,18 +303,22 @@ fn the_compose_file_publishes_only_on_loopback_unless_told_otherwise() {
         );
     }
 
-    // `config` lists the profiles' services too: the default nginx and the sentinel one.
+    // `config` lists the profiles' services too: the default nginx, the sentinel one and
+    // the cluster one, and nothing else.
+    let sorted = |mut ports: Vec<(String, String)>| {
+        ports.sort();
+        ports
+    };
+    let expected = |addr: &str| {
+        ["8080", "8081", "8082"]
+            .map(|p| (addr.to_owned(), p.to_owned()))
+            .to_vec()
+    };
     let ports = published(&compose_config(&[]));
-    assert_eq!(
-        ports,
-        [("127.0.0.1", "8080"), ("127.0.0.1", "8081")].map(|(a, p)| (a.to_owned(), p.to_owned()))
-    );
+    assert_eq!(sorted(ports), expected("127.0.0.1"));
 
     let opened = published(&compose_config(&[("PUBLISH_ADDR", "0.0.0.0")]));
-    assert_eq!(
-        opened,
-        [("0.0.0.0", "8080"), ("0.0.0.0", "8081")].map(|(a, p)| (a.to_owned(), p.to_owned()))
-    );
+    assert_eq!(sorted(opened), expected("0.0.0.0"));
     let example = std::fs::read_to_string(repo_path(".env.example")).unwrap();
     assert!(
         example.contains("PUBLISH_ADDR="),
@@ -594,7 +601,7 @@ fn the_compose_profiles_have_the_shapes_of_the_native_topologies() {
     );
 
     let cluster = in_profile("cluster");
-    assert_eq!(cluster.len(), 7, "{cluster:?}");
+    assert_eq!(cluster.len(), 10, "{cluster:?}");
     for n in 1..=6 {
         let node = service(&format!("cluster-node{n}"));
         assert_eq!(node["restart"].as_str(), Some("no"), "cluster-node{n}");
@@ -615,9 +622,40 @@ fn the_compose_profiles_have_the_shapes_of_the_native_topologies() {
     assert!(
         services
             .iter()
-            .filter(|(_, s)| profiles_of(s).contains(&"cluster"))
+            .filter(|(name, s)| profiles_of(s).contains(&"cluster") && *name != "cluster-nginx")
             .all(|(_, s)| s.get("ports").is_none()),
-        "the cluster is not published"
+        "only the cluster profile's nginx is published"
+    );
+    // Its instances start once the cluster is formed, are seeded with all six nodes, and
+    // set nothing the service does not know.
+    for app in ["cluster-app1", "cluster-app2"] {
+        let env = service(app)["environment"].as_mapping().unwrap();
+        for key in env.keys() {
+            let key = key.as_str().unwrap();
+            assert!(
+                help.contains(&format!("[env: {key}")),
+                "{app} sets {key}, unknown to inventory"
+            );
+        }
+        assert!(env.get("REDIS_URL").is_none(), "{app} must use the cluster");
+        let seeds = env["REDIS_CLUSTER"].as_str().unwrap();
+        for n in 1..=6 {
+            assert!(seeds.contains(&format!("@cluster-node{n}:6379")), "{seeds}");
+        }
+        let after = serde_yaml::to_string(&service(app)["depends_on"]["cluster-create"]).unwrap();
+        assert!(after.contains("service_completed_successfully"), "{after}");
+    }
+    let aliases = serde_yaml::to_string(&service("cluster-app2")["networks"]).unwrap();
+    assert!(aliases.contains("- app2"), "{aliases}");
+    let subnet = config["networks"]["cluster"]["ipam"]["config"][0]["subnet"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        nginx
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == [subnet.as_str(), "1;"]),
+        "nginx.conf's geo must exempt {subnet}"
     );
 }
 
