@@ -14,6 +14,7 @@ pub mod picture;
 pub mod scenarios;
 pub mod table;
 pub mod timeline;
+pub mod tool;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

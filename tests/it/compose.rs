@@ -562,14 +562,7 @@ fn the_compose_profiles_have_the_shapes_of_the_native_topologies() {
         .unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     for app in ["sentinel-app1", "sentinel-app2"] {
-        let env = service(app)["environment"].as_mapping().unwrap();
-        for key in env.keys() {
-            let key = key.as_str().unwrap();
-            assert!(
-                help.contains(&format!("[env: {key}")),
-                "{app} sets {key}, unknown to inventory"
-            );
-        }
+        let env = known_environment(service(app), app, &help);
         assert!(
             env.get("REDIS_URL").is_none(),
             "{app} must ask the sentinels"
@@ -629,14 +622,7 @@ fn the_compose_profiles_have_the_shapes_of_the_native_topologies() {
     // Its instances start once the cluster is formed, are seeded with all six nodes, and
     // set nothing the service does not know.
     for app in ["cluster-app1", "cluster-app2"] {
-        let env = service(app)["environment"].as_mapping().unwrap();
-        for key in env.keys() {
-            let key = key.as_str().unwrap();
-            assert!(
-                help.contains(&format!("[env: {key}")),
-                "{app} sets {key}, unknown to inventory"
-            );
-        }
+        let env = known_environment(service(app), app, &help);
         assert!(env.get("REDIS_URL").is_none(), "{app} must use the cluster");
         let seeds = env["REDIS_CLUSTER"].as_str().unwrap();
         for n in 1..=6 {
@@ -657,6 +643,23 @@ fn the_compose_profiles_have_the_shapes_of_the_native_topologies() {
             .any(|l| l.split_whitespace().collect::<Vec<_>>() == [subnet.as_str(), "1;"]),
         "nginx.conf's geo must exempt {subnet}"
     );
+}
+
+/// An instance's environment, every variable of which `inventory --help` (`help`) names.
+fn known_environment<'a>(
+    service: &'a serde_yaml::Value,
+    app: &str,
+    help: &str,
+) -> &'a serde_yaml::Mapping {
+    let env = service["environment"].as_mapping().unwrap();
+    for key in env.keys() {
+        let key = key.as_str().unwrap();
+        assert!(
+            help.contains(&format!("[env: {key}")),
+            "{app} sets {key}, unknown to inventory"
+        );
+    }
+    env
 }
 
 // ---------------------------------------------------------------------------------------

@@ -31,20 +31,13 @@ struct Args {
     duration: f64,
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
-    /// The `inventory` binary (default: the one next to this executable).
-    #[arg(long, env = "INVENTORY_BIN")]
-    inventory_bin: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    inventory: loadtest::tool::InventoryBin,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run(Args::parse()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cluster-table: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    loadtest::tool::exit("cluster-table", run(Args::parse()).await)
 }
 
 /// Two instances behind nginx on whatever Redis `redis` names, and the masters to count on.
@@ -80,10 +73,7 @@ impl Stack {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let bin = match args.inventory_bin.clone() {
-        Some(path) => path,
-        None => testkit::inventory_binary()?,
-    };
+    let bin = args.inventory.resolve()?;
     println!(
         "| Redis | strategy | items | sales/s | p99 ms | each master's share of commands | verdict |"
     );

@@ -36,20 +36,13 @@ struct Args {
     failover_after: f64,
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
-    /// The `inventory` binary (default: the one next to this executable).
-    #[arg(long, env = "INVENTORY_BIN")]
-    inventory_bin: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    inventory: loadtest::tool::InventoryBin,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run(Args::parse()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("failover-table: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    loadtest::tool::exit("failover-table", run(Args::parse()).await)
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
@@ -57,10 +50,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.duration > args.failover_after && args.failover_after >= 0.0,
         "--failover-after must fall within --duration"
     );
-    let bin = match args.inventory_bin {
-        Some(path) => path,
-        None => testkit::inventory_binary()?,
-    };
+    let bin = args.inventory.resolve()?;
     println!(
         "| strategy | REPLICA_ACKS | sold (200) | 200 lost | sales resumed after | errors | sales/s before the kill | sales/s overall | verdict |"
     );
