@@ -44,6 +44,25 @@ pub struct Plan {
     pub admin_token: Option<String>,
 }
 
+impl Plan {
+    /// The largest stock the service takes: one that a timed run never sells out.
+    pub const ENDLESS_STOCK: i64 = 1_000_000_000;
+
+    /// A throughput run's plan (with [`LoadTest::with_duration`]): `strategy` alone, no
+    /// work, a stock that never runs out, no admin token.
+    pub fn endless(target: String, strategy: Strategy, concurrency: usize) -> Self {
+        Self {
+            target,
+            strategies: vec![strategy],
+            stock: Self::ENDLESS_STOCK,
+            requests: 1,
+            concurrency,
+            work_ms: 0,
+            admin_token: None,
+        }
+    }
+}
+
 /// The result for one strategy; `--json` prints exactly this, one object per line.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StrategyReport {

@@ -96,15 +96,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 async fn rows(args: &Args, redis: &str, stack: &Stack) -> anyhow::Result<()> {
     for &strategy in &args.strategy {
         for &items in &args.items {
-            let plan = Plan {
-                target: stack.nginx.url(),
-                strategies: vec![strategy],
-                stock: 1_000_000_000,
-                requests: 1,
-                concurrency: args.concurrency,
-                work_ms: 0,
-                admin_token: None,
-            };
+            let plan = Plan::endless(stack.nginx.url(), strategy, args.concurrency);
             let load = LoadTest::new(plan)?
                 .with_items(items)?
                 .with_duration(Duration::from_secs_f64(args.duration));

@@ -59,15 +59,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         for &acks in &args.acks {
             let topology =
                 SentinelTopology::start(&bin, &[("REPLICA_ACKS", acks.to_string())]).await?;
-            let plan = Plan {
-                target: topology.nginx.url(),
-                strategies: vec![strategy],
-                stock: 1_000_000_000,
-                requests: 1,
-                concurrency: args.concurrency,
-                work_ms: 0,
-                admin_token: None,
-            };
+            let plan = Plan::endless(topology.nginx.url(), strategy, args.concurrency);
             let load = LoadTest::new(plan)?
                 .with_duration(Duration::from_secs_f64(args.duration))
                 .with_failover(Failover {
