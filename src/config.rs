@@ -53,6 +53,25 @@ pub struct Config {
     #[arg(long, env = "REDIS_MASTER_NAME", requires = "redis_sentinels")]
     pub redis_master_name: Option<String>,
 
+    /// The password the sentinels of `REDIS_SENTINELS` require (their `requirepass`).
+    #[arg(
+        long,
+        env = "REDIS_SENTINEL_PASSWORD",
+        hide_env_values = true,
+        requires = "redis_sentinels"
+    )]
+    pub redis_sentinel_password: Option<String>,
+
+    /// The password the master and replicas that the sentinels name require (their
+    /// `requirepass`; the sentinels know it as `sentinel auth-pass`).
+    #[arg(
+        long,
+        env = "REDIS_MASTER_PASSWORD",
+        hide_env_values = true,
+        requires = "redis_sentinels"
+    )]
+    pub redis_master_password: Option<String>,
+
     /// Independent Redis nodes for a lock that a majority of them must grant, as
     /// comma-separated URLs (`redis://host:port,...`); the stock stays on `REDIS_URL`.
     /// Checked by [`Config::lock_nodes`], not by the parser: a parser's error would quote
@@ -237,7 +256,12 @@ impl Config {
     /// `REDIS_SENTINELS` and `REDIS_MASTER_NAME`, checked; `None` when unset.
     pub fn sentinels(&self) -> Result<Option<crate::store::Sentinels>, String> {
         match (&self.redis_sentinels, &self.redis_master_name) {
-            (Some(list), Some(name)) => crate::store::Sentinels::parse(list, name).map(Some),
+            (Some(list), Some(name)) => crate::store::Sentinels::parse(list, name).map(|s| {
+                Some(s.with_passwords(
+                    self.redis_sentinel_password.as_deref(),
+                    self.redis_master_password.as_deref(),
+                ))
+            }),
             _ => Ok(None),
         }
     }

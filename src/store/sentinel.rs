@@ -25,38 +25,96 @@ const LOOKUP_INTERVAL: Duration = Duration::from_millis(100);
 /// How often the master is looked up without an error to prompt it.
 const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
-/// `REDIS_SENTINELS` and `REDIS_MASTER_NAME`, checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `REDIS_SENTINELS` and `REDIS_MASTER_NAME`, checked, with the passwords of
+/// `REDIS_SENTINEL_PASSWORD` and `REDIS_MASTER_PASSWORD`.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Sentinels {
-    /// `redis://host:port` of each sentinel, in the order given.
-    pub urls: Vec<String>,
+    /// `(host, port)` of each sentinel, in the order given.
+    pub addrs: Vec<(String, u16)>,
     pub master_name: String,
+    /// The sentinels' own `requirepass`.
+    pub sentinel_password: Option<String>,
+    /// The `requirepass` of the master and replicas they name.
+    pub master_password: Option<String>,
+}
+
+/// The passwords stay out of logs and errors.
+impl std::fmt::Debug for Sentinels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |p: &Option<String>| p.as_ref().map(|_| "***");
+        f.debug_struct("Sentinels")
+            .field("addrs", &self.addrs)
+            .field("master_name", &self.master_name)
+            .field("sentinel_password", &hidden(&self.sentinel_password))
+            .field("master_password", &hidden(&self.master_password))
+            .finish()
+    }
 }
 
 impl Sentinels {
     /// `list`: comma-separated `host:port`; every entry must be one.
     pub fn parse(list: &str, master_name: &str) -> Result<Self, String> {
-        let mut urls = Vec::new();
+        let mut addrs = Vec::new();
         for (i, addr) in list.split(',').map(str::trim).enumerate() {
-            let valid = addr
+            let parsed = addr
                 .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if !valid {
+                .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+                .filter(|(host, _)| !host.is_empty());
+            let Some((host, port)) = parsed else {
                 return Err(format!(
                     "REDIS_SENTINELS: sentinel {} ({addr:?}) is not host:port; give \
                      comma-separated host:port such as 127.0.0.1:26379,127.0.0.1:26380",
                     i + 1
                 ));
-            }
-            urls.push(format!("redis://{addr}"));
+            };
+            addrs.push((host.to_owned(), port));
         }
         if master_name.trim().is_empty() {
             return Err("REDIS_MASTER_NAME is empty: name the master the sentinels monitor".into());
         }
         Ok(Self {
-            urls,
+            addrs,
             master_name: master_name.to_owned(),
+            sentinel_password: None,
+            master_password: None,
         })
+    }
+
+    /// Empty passwords count as none: an unset variable in a compose file expands to "".
+    pub fn with_passwords(mut self, sentinel: Option<&str>, master: Option<&str>) -> Self {
+        let given = |p: Option<&str>| p.filter(|p| !p.is_empty()).map(str::to_owned);
+        self.sentinel_password = given(sentinel);
+        self.master_password = given(master);
+        self
+    }
+
+    /// The `SentinelClient` these settings describe: the sentinels' addresses (with their
+    /// password, set as a field, so that no character of it needs escaping in a URL), and
+    /// the master's password for the connections to the servers they name.
+    fn client(&self) -> RedisResult<SentinelClient> {
+        let auth = |password: &Option<String>| {
+            let settings = redis::RedisConnectionInfo::default();
+            match password {
+                Some(p) => settings.set_password(p),
+                None => settings,
+            }
+        };
+        let nodes = self
+            .addrs
+            .iter()
+            .map(|(host, port)| {
+                redis::IntoConnectionInfo::into_connection_info((host.as_str(), *port))
+                    .map(|info| info.set_redis_settings(auth(&self.sentinel_password)))
+            })
+            .collect::<RedisResult<Vec<_>>>()?;
+        let servers = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(auth(&self.master_password));
+        SentinelClient::build(
+            nodes,
+            self.master_name.clone(),
+            Some(servers),
+            SentinelServerType::Master,
+        )
     }
 }
 
@@ -115,12 +173,7 @@ impl Server {
         timeout: Duration,
         pool: PoolSettings,
     ) -> RedisResult<Self> {
-        let mut client = SentinelClient::build(
-            sentinels.urls,
-            sentinels.master_name,
-            None,
-            SentinelServerType::Master,
-        )?;
+        let mut client = sentinels.client()?;
         let master = client.get_client()?;
         let backend = Backend::build(master, timeout, pool)?;
         tracing::info!(master = %backend.address(), "Sentinel names the master");
@@ -274,9 +327,16 @@ mod tests {
     fn sentinels_are_host_port_pairs_and_the_master_has_a_name() {
         let s = Sentinels::parse("127.0.0.1:26379, localhost:26380", "inventory").unwrap();
         assert_eq!(
-            s.urls,
-            ["redis://127.0.0.1:26379", "redis://localhost:26380"]
+            s.addrs,
+            [
+                ("127.0.0.1".to_owned(), 26379),
+                ("localhost".to_owned(), 26380)
+            ]
         );
+        let s = s.with_passwords(Some("s3cret"), Some(""));
+        assert_eq!(s.sentinel_password.as_deref(), Some("s3cret"));
+        assert_eq!(s.master_password, None, "an empty password is none");
+        assert!(!format!("{s:?}").contains("s3cret"), "{s:?}");
         for (list, name, says) in [
             ("127.0.0.1", "m", "sentinel 1"),
             ("a:1,,b:2", "m", "sentinel 2"),

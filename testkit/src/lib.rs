@@ -45,7 +45,9 @@ pub use nginx::NginxProcess;
 pub use proxy::DelayProxy;
 pub use redis::RedisProcess;
 pub use redis_cluster::{ClusterNodeInfo, Migration, RedisCluster, free_cluster_port};
-pub use sentinel::{SentinelProcess, SentinelTiming, master_port, start_sentinels};
+pub use sentinel::{
+    SentinelProcess, SentinelTiming, master_port, start_sentinels, start_sentinels_with_password,
+};
 
 /// A port the OS had free a moment ago; servers that then fail to bind it are retried.
 pub fn free_port() -> anyhow::Result<u16> {

@@ -36,6 +36,8 @@ pub struct SentinelProcess {
     process: ProcessGroup,
     pub port: u16,
     dir: TempDir,
+    /// Its own `requirepass`, which is also the servers' (`sentinel auth-pass`).
+    password: Option<String>,
 }
 
 impl SentinelProcess {
@@ -47,6 +49,21 @@ impl SentinelProcess {
         quorum: u32,
         timing: SentinelTiming,
     ) -> anyhow::Result<Self> {
+        Self::start_with_password(master_name, master_port, quorum, timing, None).await
+    }
+
+    /// As [`start`](Self::start), with `password` required of its clients (`requirepass`)
+    /// and given to the servers it watches (`sentinel auth-pass`), which require it too.
+    pub async fn start_with_password(
+        master_name: &str,
+        master_port: u16,
+        quorum: u32,
+        timing: SentinelTiming,
+        password: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let auth = password.map_or(String::new(), |p| {
+            format!("requirepass {p}\nsentinel auth-pass {master_name} {p}\n")
+        });
         let mut last_log = String::new();
         for _ in 0..START_ATTEMPTS {
             let dir = tempfile::tempdir()?;
@@ -59,7 +76,7 @@ impl SentinelProcess {
                      sentinel monitor {master_name} 127.0.0.1 {master_port} {quorum}\n\
                      sentinel down-after-milliseconds {master_name} {down}\n\
                      sentinel failover-timeout {master_name} {failover}\n\
-                     sentinel parallel-syncs {master_name} 1\n",
+                     sentinel parallel-syncs {master_name} 1\n{auth}",
                     dir = dir.path().display(),
                     down = timing.down_after.as_millis(),
                     failover = timing.failover_timeout.as_millis(),
@@ -74,7 +91,12 @@ impl SentinelProcess {
                 .stderr(Stdio::null());
             let process = ProcessGroup::spawn(&mut command, Signal::SIGTERM, DEFAULT_GRACE)
                 .context("cannot run redis-server --sentinel: install redis-server")?;
-            let sentinel = SentinelProcess { process, port, dir };
+            let sentinel = SentinelProcess {
+                process,
+                port,
+                dir,
+                password: password.map(str::to_owned),
+            };
             if sentinel.wait_ready(Duration::from_secs(5)).await {
                 return Ok(sentinel);
             }
@@ -105,7 +127,14 @@ impl SentinelProcess {
     }
 
     pub async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-        redis::Client::open(format!("redis://{}", self.addr()))?
+        // Set as a field, not in a URL: the password may hold `@`, `/` or `#`.
+        let mut settings = redis::RedisConnectionInfo::default();
+        if let Some(p) = &self.password {
+            settings = settings.set_password(p);
+        }
+        let info = redis::IntoConnectionInfo::into_connection_info(("127.0.0.1", self.port))?
+            .set_redis_settings(settings);
+        redis::Client::open(info)?
             .get_multiplexed_async_connection()
             .await
     }
@@ -141,9 +170,23 @@ pub async fn start_sentinels(
     replicas: usize,
     timing: SentinelTiming,
 ) -> anyhow::Result<Vec<SentinelProcess>> {
+    start_sentinels_with_password(master_name, master_port, replicas, timing, None).await
+}
+
+/// As [`start_sentinels`], each sentinel requiring `password` and giving it to the servers.
+pub async fn start_sentinels_with_password(
+    master_name: &str,
+    master_port: u16,
+    replicas: usize,
+    timing: SentinelTiming,
+    password: Option<&str>,
+) -> anyhow::Result<Vec<SentinelProcess>> {
     let mut sentinels = Vec::new();
     for _ in 0..3 {
-        sentinels.push(SentinelProcess::start(master_name, master_port, 2, timing).await?);
+        sentinels.push(
+            SentinelProcess::start_with_password(master_name, master_port, 2, timing, password)
+                .await?,
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     let (others, replicas) = ("2".to_owned(), replicas.to_string());

@@ -540,6 +540,12 @@ fn the_compose_profiles_have_the_shapes_of_the_native_topologies() {
         );
         let command = words(service(server), "command").join(" ");
         assert!(command.contains("--appendonly yes"), "{server}: {command}");
+        // `.env.example`'s password, required of clients and given to its master.
+        assert!(
+            command.contains("--requirepass change-me-redis-password")
+                && command.contains("--masterauth change-me-redis-password"),
+            "{server}: {command}"
+        );
     }
     let conf = std::fs::read_to_string(repo_path("redis/sentinel.conf")).unwrap();
     assert!(
@@ -550,7 +556,9 @@ fn the_compose_profiles_have_the_shapes_of_the_native_topologies() {
     for name in ["sentinel1", "sentinel2", "sentinel3"] {
         let entrypoint = words(service(name), "entrypoint").join(" ");
         assert!(
-            entrypoint.contains("redis-server /data/sentinel.conf --sentinel"),
+            entrypoint.contains("redis-server /data/sentinel.conf --sentinel")
+                && entrypoint.contains("requirepass")
+                && entrypoint.contains("sentinel auth-pass inventory"),
             "{entrypoint}"
         );
         let volumes = serde_yaml::to_string(&service(name)["volumes"]).unwrap();
@@ -571,6 +579,13 @@ fn the_compose_profiles_have_the_shapes_of_the_native_topologies() {
             env["REDIS_SENTINELS"].as_str(),
             Some("sentinel1:26379,sentinel2:26379,sentinel3:26379")
         );
+        for key in ["REDIS_SENTINEL_PASSWORD", "REDIS_MASTER_PASSWORD"] {
+            assert_eq!(
+                env[key].as_str(),
+                Some("change-me-redis-password"),
+                "{app}: {key}"
+            );
+        }
         assert!(conf.contains(&format!(
             "monitor {} ",
             env["REDIS_MASTER_NAME"].as_str().unwrap()

@@ -327,6 +327,126 @@ async fn every_strategy_sells_behind_sentinel_before_and_after_a_failover() {
     assert_eq!(app.audit().await["clean"].as_bool(), Some(true));
 }
 
+/// Sentinels and servers that all require a password (one with characters a URL would
+/// need escaped): the service finds the master with `REDIS_SENTINEL_PASSWORD` and
+/// `REDIS_MASTER_PASSWORD`, sells, and follows a failover; a wrong password of either kind
+/// stops it at start-up with a message that names the variable and not the password.
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_sentinels_and_servers_that_require_passwords_sales_follow_a_failover() {
+    const PW: &str = "s3cret:/@#pw";
+    let authed = |port: u16| async move {
+        let info = redis::IntoConnectionInfo::into_connection_info(("127.0.0.1", port))
+            .unwrap()
+            .set_redis_settings(redis::RedisConnectionInfo::default().set_password(PW));
+        redis::Client::open(info)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    };
+    let auth = ["--requirepass", PW, "--masterauth", PW];
+    let mut master = RedisServer::start_with(&auth).await;
+    let port = master.port().to_string();
+    let mut args = vec!["--replicaof", "127.0.0.1", &port];
+    args.extend(auth);
+    let replica = RedisServer::start_with(&args).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut authed(master.port()).await)
+            .await
+            .unwrap();
+        if info.contains("state=online") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replica never synced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let timing = SentinelTiming::default();
+    let sentinels =
+        testkit::start_sentinels_with_password(MASTER_NAME, master.port(), 1, timing, Some(PW))
+            .await
+            .unwrap();
+    let list = sentinel_list(&sentinels);
+
+    for (variable, sentinel_pw, master_pw) in [
+        ("REDIS_SENTINEL_PASSWORD", "wrong-pw", PW),
+        ("REDIS_MASTER_PASSWORD", PW, "wrong-pw"),
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory"))
+                .env_clear()
+                .env("PORT", testkit::free_port().unwrap().to_string())
+                .env("BIND_ADDR", "127.0.0.1")
+                .env("REDIS_SENTINELS", &list)
+                .env("REDIS_MASTER_NAME", MASTER_NAME)
+                .env("REDIS_SENTINEL_PASSWORD", sentinel_pw)
+                .env("REDIS_MASTER_PASSWORD", master_pw)
+                .env("REDIS_TIMEOUT_MS", "500")
+                .output(),
+        )
+        .await
+        .expect("a wrong password stops the start-up, it does not hang")
+        .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !out.status.success(),
+            "{variable} wrong: it started\n{text}"
+        );
+        assert!(text.contains("REDIS_SENTINELS"), "{variable} wrong: {text}");
+        assert!(!text.contains(PW) && !text.contains("wrong-pw"), "{text}");
+    }
+
+    let app = InstanceBuilder::new(&master, "app1")
+        .env("REDIS_SENTINELS", &list)
+        .env("REDIS_MASTER_NAME", MASTER_NAME)
+        .env("REDIS_SENTINEL_PASSWORD", PW)
+        .env("REDIS_MASTER_PASSWORD", PW)
+        .env("REDIS_TIMEOUT_MS", 300)
+        .start()
+        .await;
+    app.reset(100).await;
+    let sale = app.sale("strategy=fenced").await;
+    assert_eq!(sale.status, 200, "{sale:?}\n{}", app.log());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stock: Option<i64> = authed(replica.port())
+            .await
+            .get(Keys::new("001").stock)
+            .await
+            .unwrap();
+        if stock == Some(99) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replica never got the sale");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    master.stop().await;
+    let killed = Instant::now();
+    let bound = timing.down_after + timing.failover_timeout + Duration::from_secs(2);
+    let sale = loop {
+        let sale = app.sale("strategy=fenced").await;
+        if sale.status == 200 {
+            break sale;
+        }
+        assert!(
+            killed.elapsed() < bound,
+            "no sale within {bound:?} of the kill: {sale:?}\n{}",
+            app.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(sale.body["remaining"].as_i64(), Some(98), "{sale:?}");
+    assert!(!app.log().contains(PW), "{}", app.log());
+}
+
 /// What a sale under load answered: its status, error code and order id.
 type Answer = (u16, String, Option<String>);
 
