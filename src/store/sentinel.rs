@@ -167,16 +167,30 @@ impl Server {
         }
     }
 
-    /// Asks the sentinels for the master once, now (blocking, at start-up).
+    /// Asks the sentinels for the master once, now (blocking, at start-up). What the
+    /// sentinels answer with is final (a refused password, an unknown master name: the
+    /// configuration is wrong); that none of them, or not the master, could be reached is
+    /// not: the instance starts as it does with Redis down, on a placeholder that refuses
+    /// every connection (503s, not ready), and the lookups after each error and every
+    /// [`WATCH_INTERVAL`] find the master when there is one.
     pub fn sentinel(
         sentinels: Sentinels,
         timeout: Duration,
         pool: PoolSettings,
     ) -> RedisResult<Self> {
         let mut client = sentinels.client()?;
-        let master = client.get_client()?;
-        let backend = Backend::build(master, timeout, pool)?;
-        tracing::info!(master = %backend.address(), "Sentinel names the master");
+        let backend = match client.get_client() {
+            Ok(master) => {
+                let backend = Backend::build(master, timeout, pool)?;
+                tracing::info!(master = %backend.address(), "Sentinel names the master");
+                backend
+            }
+            Err(e) if unreachable(&e) => {
+                tracing::warn!(error = %e, "no sentinel or no master reachable yet; starting without one and asking again");
+                Backend::build(Client::open(UNREACHABLE)?, timeout, pool)?
+            }
+            Err(e) => return Err(e),
+        };
         Ok(Self {
             current: RwLock::new(Arc::new(backend)),
             lookup: Some(Lookup {
@@ -300,13 +314,28 @@ impl Server {
         match Backend::build(master, self.timeout, pool) {
             Ok(backend) => {
                 self.replace(backend);
-                tracing::warn!(master = %address, %previous, "Sentinel names a new master: following it");
+                if previous == UNREACHABLE_ADDR {
+                    tracing::info!(master = %address, "Sentinel names the master");
+                } else {
+                    tracing::warn!(master = %address, %previous, "Sentinel names a new master: following it");
+                }
             }
             Err(e) => {
                 tracing::warn!(master = %address, error = %e, "cannot connect to the new master")
             }
         }
     }
+}
+
+/// Where an instance that found no master at start-up sends its calls meanwhile: port 0
+/// refuses every connection at once, so each call fails fast with a connection error.
+const UNREACHABLE: &str = "redis://127.0.0.1:0";
+const UNREACHABLE_ADDR: &str = "127.0.0.1:0";
+
+/// A lookup that failed for want of a connection (to a sentinel or to the server one
+/// named), not because of what was answered.
+fn unreachable(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped()
 }
 
 /// Refused, dropped or timed-out connections, and writes refused by a replica: the master

@@ -270,6 +270,53 @@ async fn sales_follow_a_sentinel_failover_by_themselves_within_down_after_plus_f
     );
 }
 
+/// An instance that starts while the master the sentinels name is dead (mid-failover, or
+/// with every sentinel down) starts all the same, as it does with Redis down: not ready,
+/// 503s, and sales once Sentinel has promoted the replica, without a restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_started_during_a_failover_sells_once_sentinel_has_promoted_the_replica() {
+    let (mut master, replica) = master_and_replica().await;
+    let timing = SentinelTiming::default();
+    let sentinels = sentinels_for(&master, timing).await;
+    master.stop().await;
+    let killed = Instant::now();
+    let app = InstanceBuilder::new(&replica, "app1")
+        .env("REDIS_SENTINELS", sentinel_list(&sentinels))
+        .env("REDIS_MASTER_NAME", MASTER_NAME)
+        .env("REDIS_TIMEOUT_MS", 300)
+        .start()
+        .await;
+    let bound = timing.down_after + timing.failover_timeout + Duration::from_secs(2);
+    let mut answers = Vec::new();
+    loop {
+        // Nothing was ever stocked: the first answer from a master is `unknown_item`.
+        let sale = app.sale("strategy=fenced").await;
+        if (sale.status, sale.error_code()) == (404, "unknown_item") {
+            break;
+        }
+        answers.push((sale.status, sale.error_code().to_owned()));
+        assert!(
+            killed.elapsed() < bound,
+            "no answer from the promoted replica within {bound:?}: {answers:?}\n{}",
+            app.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        answers
+            .iter()
+            .all(|(status, code)| *status == 503 && code == "redis_unavailable"),
+        "only 503s before: {answers:?}"
+    );
+    assert_eq!(app.get("/ready").await.status, 200);
+    app.reset(10).await;
+    let sale = app.sale("strategy=fenced").await;
+    assert_eq!(
+        (sale.status, sale.body["remaining"].as_i64()),
+        (200, Some(9))
+    );
+}
+
 /// Every strategy sells behind Sentinel, before a failover and after it, on the same
 /// instance (no restart): the locks, the waiters and the writes all follow the master.
 #[tokio::test(flavor = "multi_thread")]
