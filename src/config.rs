@@ -415,6 +415,27 @@ mod tests {
         assert_eq!(redact("redis://u:p@h:1/0"), "redis://u:***@h:1/0");
         assert_eq!(redact("redis://:p@h:1"), "redis://:***@h:1");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(redact("rediss://u:p@ss@h:1"), "rediss://u:***@h:1");
+    }
+
+    #[test]
+    fn nothing_before_the_last_at_survives_redaction_url_or_not() {
+        for (value, secret) in [
+            (":s3cret@127.0.0.1:1", "s3cret"),
+            ("u:s3cret@127.0.0.1:1", "s3cret"),
+            ("s3cret@127.0.0.1:1", "s3cret"),
+            ("redis:/:s3cret@127.0.0.1:1", "s3cret"),
+            ("redis://s3cret@127.0.0.1:1", "s3cret"),
+            ("://:s3cret@h", "s3cret"),
+            ("redis://:a@s3cret@h", "s3cret"),
+        ] {
+            let shown = redact(value);
+            assert!(!shown.contains(secret), "{value} -> {shown}");
+            assert!(
+                shown.ends_with("127.0.0.1:1") || shown.ends_with("@h"),
+                "{shown}"
+            );
+        }
     }
 
     #[test]

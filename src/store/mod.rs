@@ -29,17 +29,20 @@ pub fn is_auth_error(e: &RedisError) -> bool {
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
 }
 
-/// A Redis URL fit for a log line or an error: any password replaced by `***`.
+/// A Redis URL fit for a log line or an error: any password replaced by `***`. Whatever
+/// stands before the last `@` is taken for credentials, URL or not: a value that failed
+/// to parse as a URL (`:pw@host`, `redis:/:pw@host`) is exactly the one quoted in an error.
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let Some((userinfo, host)) = url.rsplit_once('@') else {
         return url.to_owned();
     };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+    match userinfo.split_once("://") {
+        Some((scheme, info)) if !scheme.is_empty() && !scheme.contains([':', '/', '@']) => {
+            // A user without a password is masked too: it may be the password, misplaced.
+            let user = info.split_once(':').map_or("", |(user, _)| user);
             format!("{scheme}://{user}:***@{host}")
         }
-        None => url.to_owned(),
+        _ => format!("***@{host}"),
     }
 }
 

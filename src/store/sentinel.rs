@@ -62,9 +62,11 @@ impl Sentinels {
                 .filter(|(host, _)| !host.is_empty());
             let Some((host, port)) = parsed else {
                 return Err(format!(
-                    "REDIS_SENTINELS: sentinel {} ({addr:?}) is not host:port; give \
-                     comma-separated host:port such as 127.0.0.1:26379,127.0.0.1:26380",
-                    i + 1
+                    "REDIS_SENTINELS: sentinel {} ({:?}) is not host:port; give \
+                     comma-separated host:port such as 127.0.0.1:26379,127.0.0.1:26380 \
+                     (a password goes in REDIS_SENTINEL_PASSWORD)",
+                    i + 1,
+                    super::redact(addr)
                 ));
             };
             addrs.push((host.to_owned(), port));
@@ -375,5 +377,10 @@ mod tests {
             let err = Sentinels::parse(list, name).unwrap_err();
             assert!(err.contains(says), "{err}");
         }
+        let err = Sentinels::parse("redis://:s3cret@127.0.0.1", "m").unwrap_err();
+        assert!(
+            !err.contains("s3cret") && err.contains("REDIS_SENTINEL_PASSWORD"),
+            "{err}"
+        );
     }
 }
