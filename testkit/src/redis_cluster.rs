@@ -113,6 +113,10 @@ impl RedisCluster {
             // there is nobody better, and a test that kills a master wants the failover.
             "--cluster-replica-validity-factor",
             "0",
+            // The other masters keep serving their slots while one shard has no master
+            // (the default stops the whole cluster until every slot is served again).
+            "--cluster-require-full-coverage",
+            "no",
         ];
         let mut nodes = Vec::with_capacity(NODES);
         for _ in 0..NODES {

@@ -387,11 +387,14 @@ async fn a_killed_master_stops_only_its_own_items_until_its_replica_takes_over_a
         }
         let sold = mine.iter().filter(|r| r.status == 200).count();
         if i > 0 {
-            // The other masters sold all along: only a sale caught by the crate's slot
-            // refresh may fail.
+            // The other masters sold all along (`cluster-require-full-coverage no`: with
+            // the default, the whole cluster refused commands until the promotion, and 3 of
+            // about 120 sales of each live item failed): only a sale caught by the crate's
+            // slot refresh may fail.
             let failed = mine.len() - sold;
+            eprintln!("{item} on a live master: {failed} of {} failed", mine.len());
             assert!(
-                failed * 10 <= mine.len(),
+                failed * 50 <= mine.len(),
                 "{item} on a live master: {failed} of {} failed",
                 mine.len()
             );
