@@ -180,18 +180,35 @@ impl Server {
         timeout: Duration,
         pool: PoolSettings,
     ) -> RedisResult<Self> {
-        let mut client = sentinels.client()?;
-        let backend = match client.get_client() {
-            Ok(master) => {
+        let client = sentinels.client()?;
+        // The crate's blocking lookup has no timeout of its own, and asks the sentinels one
+        // after another: a sentinel that accepts connections and never answers (frozen)
+        // would hold the start-up forever. It runs on a thread of its own, waited for
+        // within the lookup bound; one that overruns is left to finish or hang alone.
+        let mut first = sentinels.client()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(first.get_client());
+        });
+        let start_without_one = || Backend::build(Client::open(UNREACHABLE)?, timeout, pool);
+        let backend = match rx.recv_timeout(timeout * 4) {
+            Ok(Ok(master)) => {
                 let backend = Backend::build(master, timeout, pool)?;
                 tracing::info!(master = %backend.address(), "Sentinel names the master");
                 backend
             }
-            Err(e) if unreachable(&e) => {
+            Ok(Err(e)) if unreachable(&e) => {
                 tracing::warn!(error = %e, "no sentinel or no master reachable yet; starting without one and asking again");
-                Backend::build(Client::open(UNREACHABLE)?, timeout, pool)?
+                start_without_one()?
             }
-            Err(e) => return Err(e),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                tracing::warn!(
+                    within_ms = (timeout * 4).as_millis() as u64,
+                    "no sentinel named the master in time; starting without one and asking again"
+                );
+                start_without_one()?
+            }
         };
         Ok(Self {
             current: RwLock::new(Arc::new(backend)),

@@ -317,6 +317,51 @@ async fn an_instance_started_during_a_failover_sells_once_sentinel_has_promoted_
     );
 }
 
+/// A sentinel that accepts connections and never answers (frozen with `SIGSTOP`), first in
+/// `REDIS_SENTINELS`, does not hold the start-up: the instance starts within the lookup
+/// bound and sells through the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_first_sentinel_neither_hangs_the_start_up_nor_stops_sales() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let (master, _replica) = master_and_replica().await;
+    let sentinels = sentinels_for(&master, SentinelTiming::default()).await;
+    let frozen = Pid::from_raw(sentinels[0].pid().expect("a running sentinel") as i32);
+    kill(frozen, Signal::SIGSTOP).unwrap();
+    let started = Instant::now();
+    let app = tokio::time::timeout(
+        Duration::from_secs(15),
+        InstanceBuilder::new(&master, "app1")
+            .env("REDIS_SENTINELS", sentinel_list(&sentinels))
+            .env("REDIS_MASTER_NAME", MASTER_NAME)
+            .env("REDIS_TIMEOUT_MS", 300)
+            .start(),
+    )
+    .await
+    .expect("the start-up hung on the frozen sentinel");
+    eprintln!("started in {:?}", started.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = app.put_inventory(r#"{"stock": 5}"#, None).await;
+        if reply.status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never reached the master: {reply:?}\n{}",
+            app.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sale = app.sale("strategy=fenced").await;
+    assert_eq!(
+        (sale.status, sale.body["remaining"].as_i64()),
+        (200, Some(4))
+    );
+    // Thawed, so that it stops like the others (a dropped fixture also kills it).
+    kill(frozen, Signal::SIGCONT).unwrap();
+}
+
 /// Every strategy sells behind Sentinel, before a failover and after it, on the same
 /// instance (no restart): the locks, the waiters and the writes all follow the master.
 #[tokio::test(flavor = "multi_thread")]
