@@ -230,6 +230,11 @@ async fn report_redis_at_start(store: Store) {
             "redis refused the credentials in REDIS_URL (wrong or missing password, or user \
              without rights): every sale will fail with 503 redis_auth_failed until it is fixed"
         ),
+        Err(e) if crate::store::is_not_a_cluster(&e) => tracing::error!(
+            error = %e,
+            "REDIS_CLUSTER names a server that is not a cluster node: /ready answers 503 \
+             until it is fixed"
+        ),
         Err(e) => tracing::warn!(error = %e, "redis not reachable yet; retrying on each request"),
     }
 }

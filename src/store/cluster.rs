@@ -245,13 +245,27 @@ impl Cluster {
     }
 
     /// `CLUSTER INFO` of a node the crate picks: ready means `cluster_state:ok`.
+    /// A server without cluster support, named by mistake, answers single-node commands
+    /// all the same (the crate sends them on): this is where it shows, and says so.
     pub async fn state_ok(&self) -> RedisResult<bool> {
         let mut conn = self.conn.clone();
-        let info: String = redis::cmd("CLUSTER")
+        let info: RedisResult<String> = redis::cmd("CLUSTER")
             .arg("INFO")
             .query_async(&mut conn)
-            .await?;
-        Ok(info.lines().any(|l| l.trim() == "cluster_state:ok"))
+            .await;
+        match info {
+            Ok(info) => Ok(info.lines().any(|l| l.trim() == "cluster_state:ok")),
+            Err(e) if e.to_string().contains("cluster support disabled") => {
+                Err(RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+                    super::NOT_A_CLUSTER,
+                    "it answers CLUSTER INFO with `cluster support disabled`; give \
+                     REDIS_CLUSTER the URLs of cluster nodes, or use REDIS_URL"
+                        .to_owned(),
+                )))
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

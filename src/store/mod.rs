@@ -46,6 +46,14 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+const NOT_A_CLUSTER: &str = "REDIS_CLUSTER names a server that is not a cluster node";
+
+/// Whether `REDIS_CLUSTER` named a server without cluster support: a configuration error,
+/// not an outage.
+pub fn is_not_a_cluster(e: &RedisError) -> bool {
+    e.to_string().contains(NOT_A_CLUSTER)
+}
+
 const POOL_EXHAUSTED: &str = "every pooled Redis connection stayed in use for REDIS_POOL_WAIT_MS";
 
 /// Whether a call gave up waiting for a free pooled connection: nothing was sent.

@@ -487,3 +487,26 @@ async fn an_items_slot_moved_under_load_half_way_then_all_the_way_still_sells_ea
         }
     }
 }
+
+/// `REDIS_CLUSTER` naming a plain Redis by mistake: the instance says so at start-up and is
+/// not ready (503, not a 500), though such a server answers single-node commands.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plain_redis_named_as_a_cluster_node_is_reported_and_never_ready() {
+    let redis = testkit::fixture::RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .unset("REDIS_URL")
+        .env("REDIS_CLUSTER", redis.url())
+        .start()
+        .await;
+    let ready = app.get("/ready").await;
+    assert_eq!(
+        (ready.status, ready.error_code()),
+        (503, "redis_unavailable"),
+        "{ready:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !app.log().contains("not a cluster node") {
+        assert!(Instant::now() < deadline, "no word of it:\n{}", app.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
