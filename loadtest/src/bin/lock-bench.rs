@@ -74,10 +74,9 @@ fn main() -> ExitCode {
         // Each client is one small service instance: two worker threads, as a container
         // with a CPU limit would have, so that 64 of them do not each spawn a thread per
         // core. Or, with `--client-runtime current-thread`, one thread: a client runs one
-        // critical section at a time, and a multi-threaded runtime hands many Redis replies
+        // critical section at a time, and a multi-threaded runtime may hand a Redis reply
         // from the connection's task to a task on the other worker (a futex wake-up and a
-        // context switch), which on a machine with fewer cores than clients costs as much
-        // CPU as the protocol itself. rslock's clients run in the same kind of runtime.
+        // context switch). rslock's clients run in the same kind of runtime.
         Some(Child::Child {
             runtime: ClientRuntime::CurrentThread,
             ..
