@@ -89,6 +89,8 @@ pub struct Load {
     /// How long one acquire may wait before it counts as a timeout.
     pub wait_budget: Duration,
     pub ttl: Duration,
+    /// Each client on a one-thread Tokio runtime instead of two worker threads.
+    pub single_thread: bool,
 }
 
 impl Default for Load {
@@ -97,6 +99,7 @@ impl Default for Load {
             duration: Duration::from_secs(10),
             wait_budget: Duration::from_secs(10),
             ttl: Duration::from_secs(30),
+            single_thread: false,
         }
     }
 }
@@ -112,6 +115,9 @@ pub struct ClientReport {
     pub attempts: u64,
     /// Time each successful acquire took, in microseconds.
     pub acquire_us: Vec<u32>,
+    /// CPU time the process (all its threads) spent during the loop, in microseconds.
+    #[serde(default)]
+    pub cpu_us: u64,
 }
 
 /// One line of the bench's output.
@@ -137,6 +143,13 @@ pub struct RunReport {
     pub commands_per_cs: f64,
     /// The busiest commands, per critical section.
     pub commands: BTreeMap<String, f64>,
+    /// CPU time per critical section, in microseconds: the client processes together, and
+    /// redis-server (`INFO cpu`). On a machine with few cores the bench is CPU-bound, so
+    /// this, more than round trips, is what ops/s follows.
+    #[serde(default)]
+    pub client_cpu_us_per_cs: f64,
+    #[serde(default)]
+    pub redis_cpu_us_per_cs: f64,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
@@ -181,6 +194,12 @@ pub async fn run(
                 &load.wait_budget.as_millis().to_string(),
             ])
             .args(["--ttl-ms", &load.ttl.as_millis().to_string()])
+            .args(
+                load.single_thread
+                    .then_some(["--runtime", "current-thread"])
+                    .into_iter()
+                    .flatten(),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -205,6 +224,7 @@ pub async fn run(
         .arg("RESETSTAT")
         .query_async::<()>(&mut admin)
         .await?;
+    let redis_cpu_before = redis_cpu_us(&mut admin).await?;
     let started = Instant::now();
     for (_, stdin, _) in &mut children {
         stdin.write_all(b"go\n").await?;
@@ -220,6 +240,9 @@ pub async fn run(
         let _ = child.wait().await;
     }
     let elapsed = started.elapsed().min(load.duration).as_secs_f64().max(1e-9);
+    let redis_cpu = redis_cpu_us(&mut admin)
+        .await?
+        .saturating_sub(redis_cpu_before);
     let counter: Option<i64> = admin.get(COUNTER).await?;
     let stats: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -232,7 +255,39 @@ pub async fn run(
         &reports,
         counter.unwrap_or(0),
         &parse_commandstats(&stats),
+        redis_cpu,
     ))
+}
+
+/// redis-server's CPU time so far (user + system), in microseconds.
+async fn redis_cpu_us(admin: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<u64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(admin).await?;
+    Ok(parse_redis_cpu_us(&info))
+}
+
+fn parse_redis_cpu_us(info: &str) -> u64 {
+    let seconds: f64 = info
+        .lines()
+        .filter_map(|line| line.trim().split_once(':'))
+        .filter(|(name, _)| *name == "used_cpu_user" || *name == "used_cpu_sys")
+        .filter_map(|(_, value)| value.parse::<f64>().ok())
+        .sum();
+    (seconds * 1e6) as u64
+}
+
+/// CPU time of every thread of this process so far, in microseconds, from
+/// `/proc/self/task/*/schedstat` (nanoseconds on a CPU, unlike `/proc/self/stat`'s 10 ms
+/// ticks); 0 where there is no such file.
+fn own_cpu_us() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    let ns: u64 = tasks
+        .filter_map(Result::ok)
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns / 1000
 }
 
 fn summarize(
@@ -242,6 +297,7 @@ fn summarize(
     reports: &[ClientReport],
     counter: i64,
     calls: &BTreeMap<String, u64>,
+    redis_cpu_us: u64,
 ) -> RunReport {
     let ops: u64 = reports.iter().map(|r| r.ops).sum();
     let per_cs = |n: u64| if ops == 0 { 0.0 } else { n as f64 / ops as f64 };
@@ -286,6 +342,8 @@ fn summarize(
             .take(8)
             .map(|(name, &n)| (name.clone(), round(per_cs(n), 2)))
             .collect(),
+        client_cpu_us_per_cs: round(per_cs(reports.iter().map(|r| r.cpu_us).sum()), 1),
+        redis_cpu_us_per_cs: round(per_cs(redis_cpu_us), 1),
     }
 }
 
@@ -343,8 +401,19 @@ pub async fn client(
             stdout.write_all(b"ready\n").await?;
             stdout.flush().await?;
             stdin.next_line().await?;
-            let mut report = project_loop(&store, &locks, Strategy::Redis(lock), id, load).await;
-            report.attempts = locks.attempts();
+            let cpu = own_cpu_us();
+            // The loop runs in a task, as a sale does in an instance: on `block_on`'s own
+            // thread every Redis reply (delivered by the connection's task on a worker)
+            // would wake another thread, which costs rslock's cheap critical sections
+            // twice what they cost themselves. rslock's loop runs the same way.
+            let mut report = tokio::spawn(async move {
+                let mut report =
+                    project_loop(&store, &locks, Strategy::Redis(lock), id, load).await;
+                report.attempts = locks.attempts();
+                report
+            })
+            .await?;
+            report.cpu_us = own_cpu_us().saturating_sub(cpu);
             report
         }
         Contender::Rslock => {
@@ -356,7 +425,11 @@ pub async fn client(
             stdout.write_all(b"ready\n").await?;
             stdout.flush().await?;
             stdin.next_line().await?;
-            rslock_loop(&manager, &mut conn, load).await
+            let cpu = own_cpu_us();
+            let mut report =
+                tokio::spawn(async move { rslock_loop(&manager, &mut conn, load).await }).await?;
+            report.cpu_us = own_cpu_us().saturating_sub(cpu);
+            report
         }
     };
     let mut line = serde_json::to_vec(&report)?;
@@ -474,6 +547,13 @@ mod tests {
     }
 
     #[test]
+    fn redis_cpu_is_user_plus_system_in_microseconds() {
+        let info = "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:0.250000\r\n\
+                    used_cpu_sys_children:9.000000\r\n";
+        assert_eq!(parse_redis_cpu_us(info), 1_750_000);
+    }
+
+    #[test]
     fn contenders_parse_from_their_labels() {
         for label in ["rslock", "lua-release/notify", "fenced/spin"] {
             assert_eq!(Contender::parse(label).unwrap().label(), label);
@@ -500,14 +580,15 @@ mod tests {
         ];
         let calls = BTreeMap::from([("get".to_owned(), 15), ("set".to_owned(), 30)]);
         let contender = Contender::parse("fenced/notify").unwrap();
-        let report = summarize(contender, 2, 1.0, &clients, 14, &calls);
+        let report = summarize(contender, 2, 1.0, &clients, 14, &calls, 45);
         assert_eq!(report.lost_updates, 1);
         assert_eq!(report.fairness, 0.5);
         assert_eq!(report.attempts_per_cs, round(20.0 / 15.0, 2));
         assert_eq!(report.commands_per_cs, 3.0);
         assert_eq!(report.acquire_ms.max, 3.0);
         assert_eq!(report.acquire_ms.p50, 2.0);
-        let rslock = summarize(Contender::Rslock, 2, 1.0, &clients, 15, &calls);
+        assert_eq!(report.redis_cpu_us_per_cs, 3.0);
+        let rslock = summarize(Contender::Rslock, 2, 1.0, &clients, 15, &calls, 0);
         assert_eq!(rslock.attempts_per_cs, 1.0, "SETs minus the counter writes");
     }
 }

@@ -36,3 +36,34 @@ fn a_short_bench_loses_no_update_and_never_times_out() {
         assert!(run["ops"].as_u64().unwrap_or(0) > 0, "{run}");
     }
 }
+
+/// The one-thread client runtime runs the same loop, and every line says what a critical
+/// section cost in CPU, on the clients' side and on Redis's.
+#[test]
+fn one_thread_clients_run_the_same_loop_and_the_cpu_per_critical_section_is_reported() {
+    let output = Command::new(env!("CARGO_BIN_EXE_lock-bench"))
+        .args(["--clients", "2", "--duration", "1", "--check"])
+        .args(["--client-runtime", "current-thread"])
+        .args(["--contenders", "rslock,lua-release/notify"])
+        .output()
+        .expect("lock-bench runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let runs: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(runs.len(), 2, "{stdout}");
+    for run in &runs {
+        assert_eq!(run["lost_updates"], 0, "{run}");
+        assert!(
+            run["client_cpu_us_per_cs"].as_f64().unwrap_or(0.0) > 0.0,
+            "{run}"
+        );
+        assert!(
+            run["redis_cpu_us_per_cs"].as_f64().unwrap_or(0.0) > 0.0,
+            "{run}"
+        );
+    }
+}

@@ -33,6 +33,17 @@ struct Args {
     /// Exit 1 unless every run lost no update and had no timeout (for tests).
     #[arg(long)]
     check: bool,
+    /// The Tokio runtime of each client process (rslock's included).
+    #[arg(long, value_enum, default_value_t = ClientRuntime::MultiThread)]
+    client_runtime: ClientRuntime,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ClientRuntime {
+    /// Two worker threads, as a service instance with two cores has.
+    MultiThread,
+    /// One thread.
+    CurrentThread,
 }
 
 #[derive(Debug, Subcommand)]
@@ -52,18 +63,35 @@ enum Child {
         wait_budget_ms: u64,
         #[arg(long)]
         ttl_ms: u64,
+        #[arg(long, value_enum, default_value_t = ClientRuntime::MultiThread)]
+        runtime: ClientRuntime,
     },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    // A client is one small service instance: two worker threads, as a container with a
-    // CPU limit would have, so that 64 of them do not each spawn a thread per core.
-    let workers = if args.child.is_some() { 2 } else { 4 };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build();
+    let runtime = match &args.child {
+        // Each client is one small service instance: two worker threads, as a container
+        // with a CPU limit would have, so that 64 of them do not each spawn a thread per
+        // core. Or, with `--client-runtime current-thread`, one thread: a client runs one
+        // critical section at a time, and a multi-threaded runtime may hand a Redis reply
+        // from the connection's task to a task on the other worker (a futex wake-up and a
+        // context switch). rslock's clients run in the same kind of runtime.
+        Some(Child::Child {
+            runtime: ClientRuntime::CurrentThread,
+            ..
+        }) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(_) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build(),
+    };
     let result = runtime
         .map_err(anyhow::Error::from)
         .and_then(|rt| rt.block_on(run(args)));
@@ -85,12 +113,14 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         duration_ms,
         wait_budget_ms,
         ttl_ms,
+        ..
     }) = args.child
     {
         let load = Load {
             duration: Duration::from_millis(duration_ms),
             wait_budget: Duration::from_millis(wait_budget_ms),
             ttl: Duration::from_millis(ttl_ms),
+            single_thread: false,
         };
         lockbench::client(&redis, Contender::parse(&contender)?, id, load).await?;
         return Ok(true);
@@ -103,6 +133,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let load = Load {
         duration: Duration::from_secs_f64(args.duration),
         wait_budget: Duration::from_secs_f64(args.wait_budget),
+        single_thread: args.client_runtime == ClientRuntime::CurrentThread,
         ..Load::default()
     };
     let exe = std::env::current_exe()?;
