@@ -10,7 +10,11 @@ use loadtest::bench::{self, Options, Results};
 
 /// Every performance figure in one run, written into the README.
 #[derive(Debug, Parser)]
-#[command(name = "bench", version, about)]
+#[command(
+    name = "bench",
+    version,
+    about = "Runs every benchmark (the lock bench against rslock, the sale path through nginx, memory) and writes the README section"
+)]
 struct Args {
     /// Client processes of the lock bench, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "4,16,64")]

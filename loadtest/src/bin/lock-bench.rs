@@ -10,7 +10,11 @@ use testkit::RedisProcess;
 
 /// Lock bench: acquire -> GET -> SET -> release, C processes, one lock.
 #[derive(Debug, Parser)]
-#[command(name = "lock-bench", version, about)]
+#[command(
+    name = "lock-bench",
+    version,
+    about = "C client processes on one lock, each strategy's waits against rslock: one JSON line per run"
+)]
 struct Args {
     #[command(subcommand)]
     child: Option<Child>,
