@@ -4,32 +4,35 @@
 
 use std::process::Command;
 
-#[test]
-fn a_short_bench_loses_no_update_and_never_times_out() {
+/// `lock-bench --check` with `args`: one JSON object per run, once it exited successfully.
+fn lock_bench(args: &[&str]) -> Vec<serde_json::Value> {
     let output = Command::new(env!("CARGO_BIN_EXE_lock-bench"))
-        .args([
-            "--clients",
-            "4",
-            "--duration",
-            "2",
-            "--wait-budget",
-            "10",
-            "--check",
-        ])
-        .args([
-            "--contenders",
-            "rslock,lua-release/notify,fenced/notify,reentrant/notify,lua-release/spin",
-        ])
+        .arg("--check")
+        .args(args)
         .output()
         .expect("lock-bench runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
-    let runs: Vec<serde_json::Value> = stdout
+    stdout
         .lines()
         .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
-        .collect();
-    assert_eq!(runs.len(), 5, "{stdout}");
+        .collect()
+}
+
+#[test]
+fn a_short_bench_loses_no_update_and_never_times_out() {
+    let runs = lock_bench(&[
+        "--clients",
+        "4",
+        "--duration",
+        "2",
+        "--wait-budget",
+        "10",
+        "--contenders",
+        "rslock,lua-release/notify,fenced/notify,reentrant/notify,lua-release/spin",
+    ]);
+    assert_eq!(runs.len(), 5, "{runs:?}");
     for run in &runs {
         assert_eq!(run["lost_updates"], 0, "{run}");
         assert_eq!(run["timeouts"], 0, "{run}");
@@ -41,20 +44,17 @@ fn a_short_bench_loses_no_update_and_never_times_out() {
 /// section cost in CPU, on the clients' side and on Redis's.
 #[test]
 fn one_thread_clients_run_the_same_loop_and_the_cpu_per_critical_section_is_reported() {
-    let output = Command::new(env!("CARGO_BIN_EXE_lock-bench"))
-        .args(["--clients", "2", "--duration", "1", "--check"])
-        .args(["--client-runtime", "current-thread"])
-        .args(["--contenders", "rslock,lua-release/notify"])
-        .output()
-        .expect("lock-bench runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
-    let runs: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
-        .collect();
-    assert_eq!(runs.len(), 2, "{stdout}");
+    let runs = lock_bench(&[
+        "--clients",
+        "2",
+        "--duration",
+        "1",
+        "--client-runtime",
+        "current-thread",
+        "--contenders",
+        "rslock,lua-release/notify",
+    ]);
+    assert_eq!(runs.len(), 2, "{runs:?}");
     for run in &runs {
         assert_eq!(run["lost_updates"], 0, "{run}");
         assert!(
