@@ -189,6 +189,23 @@ CONF
   wait_for_redis "$name" "$port"
 }
 
+# Until each sentinel knows the two others and both replicas: a master lost before that
+# is never failed over in time (a sentinel that cannot gather the votes to be elected
+# aborts, and waits twice the failover timeout to try again), and `up` would have
+# reported a stack ready that cannot fail over.
+wait_for_sentinels() {
+  local svc info deadline=$((SECONDS + 30))
+  for svc in sentinel1 sentinel2 sentinel3; do
+    while :; do
+      info=$(redis-cli -p "$(port_of "$svc")" sentinel master "$REDIS_MASTER_NAME" 2>/dev/null | paste -sd' ' - || true)
+      [[ " $info " == *" num-other-sentinels 2 "* && " $info " == *" num-slaves 2 "* ]] && break
+      [ "$SECONDS" -lt "$deadline" ] || die "$svc never saw the two other sentinels and both replicas: $info"
+      sleep 0.2
+    done
+  done
+  echo "sentinels: each knows the two others and both replicas"
+}
+
 # A cluster node keeps nothing but its cluster state (nodes.conf, in its directory): the
 # cluster topology is a demo of slots and failover, started fresh by every `up` after a
 # `down`. Its bus port (port + 10000) must be free too. Without full coverage required,
@@ -340,6 +357,7 @@ up() {
     echo "$svc started on 127.0.0.1:$port"
   done
   case $topology in
+    sentinel) wait_for_sentinels ;;
     cluster)
       create_cluster
       if ! app_knows_cluster; then
