@@ -13,9 +13,36 @@ pub const SERVICES: [&str; 7] = ["redis", "lock1", "lock2", "lock3", "app1", "ap
 /// One port per service of [`SERVICES`], in that order.
 pub type Ports = [u16; SERVICES.len()];
 
-/// Free ports for every service.
+/// Free ports for every service, no two the same.
 pub fn free_ports() -> Ports {
-    SERVICES.map(|_| crate::free_port().expect("a free port"))
+    let mut taken = Vec::new();
+    SERVICES.map(|_| distinct_port(&mut taken, false))
+}
+
+/// A port the OS had free, that is none of `taken` (nor, for a cluster node, is its bus
+/// port, port + 10000), added to `taken` with its bus port. A port is free only until
+/// something binds it, and the OS hands a just-released one out again: asked for several
+/// in a row, it once gave a cluster node and an instance the same port.
+fn distinct_port(taken: &mut Vec<u16>, cluster_node: bool) -> u16 {
+    for _ in 0..100 {
+        let port = if cluster_node {
+            crate::free_cluster_port()
+        } else {
+            crate::free_port()
+        }
+        .expect("a free port");
+        let bus = port.checked_add(10_000);
+        let clash =
+            taken.contains(&port) || (cluster_node && bus.is_some_and(|bus| taken.contains(&bus)));
+        if !clash {
+            taken.push(port);
+            if let (true, Some(bus)) = (cluster_node, bus) {
+                taken.push(bus);
+            }
+            return port;
+        }
+    }
+    panic!("no free port distinct from {taken:?}")
 }
 
 /// nginx's port: the stack's front door.
@@ -100,16 +127,15 @@ pub struct TopologyPorts {
 impl TopologyPorts {
     /// Free ports for every service; a cluster node's bus port (+ 10000) is free as well.
     pub fn free(topology: Topology) -> Self {
+        let mut taken = Vec::new();
         let ports = topology
             .services()
             .iter()
             .map(|&service| {
-                let port = if service.starts_with("node") {
-                    crate::free_cluster_port()
-                } else {
-                    crate::free_port()
-                };
-                (service, port.expect("a free port"))
+                (
+                    service,
+                    distinct_port(&mut taken, service.starts_with("node")),
+                )
             })
             .collect();
         Self { topology, ports }
@@ -183,5 +209,26 @@ impl Drop for DownOnDrop<'_> {
             .env("RUN_DIR", self.run_dir)
             .env("INVENTORY_BIN", self.inventory)
             .output();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_two_services_and_no_bus_port_share_a_port() {
+        for topology in [Topology::Single, Topology::Sentinel, Topology::Cluster] {
+            let ports = TopologyPorts::free(topology).all();
+            let mut unique = ports.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), ports.len(), "{topology:?}: {ports:?}");
+        }
+        let single = free_ports();
+        let mut unique = single.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), single.len(), "{single:?}");
     }
 }
