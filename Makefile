@@ -10,7 +10,7 @@ LOADTEST_ARGS ?= --stock 100 --requests 1000 --concurrency 64
 ITEMS ?= 1
 REPORT ?= run/report.html
 
-.PHONY: failover-table cluster-table test deps stack-deps fmt-check lint unit openapi-check fuzz run openapi release up down status demo scenarios scenario-pictures compose-check bench-lock bench
+.PHONY: failover-table cluster-table test deps stack-deps fmt-check lint unit test-build openapi-check fuzz run openapi release up down status demo scenarios scenario-pictures compose-check bench-lock bench
 
 ## demo: install redis-server and nginx if missing, build, start the native stack, load-test every strategy
 demo: stack-deps up
@@ -136,15 +136,20 @@ $(VENV)/.ready: Makefile
 compose-check: deps
 	$(CARGO) test --test it -- compose::
 
+# The instance binary as the tests build it: `cargo build --bin inventory` alone resolves the
+# dependencies' features without the dev-dependencies, and compiled a second copy of tokio, syn
+# and the rest (gigabytes, after the tests had built theirs).
+test-build:
+	$(CARGO) test --workspace --no-run --quiet
+
 ## openapi-check: validate the OpenAPI document against the 3.1 specification
-openapi-check: $(VENV)/.ready
+openapi-check: $(VENV)/.ready test-build
 	@mkdir -p target
-	$(CARGO) run --quiet --bin inventory -- --openapi > target/openapi.json
+	target/debug/inventory --openapi > target/openapi.json
 	$(VENV)/bin/openapi-spec-validator target/openapi.json
 
 ## fuzz: schemathesis against a running instance (its own redis-server), from the OpenAPI document
-fuzz: $(VENV)/.ready
-	$(CARGO) build --quiet --bin inventory
+fuzz: $(VENV)/.ready test-build
 	VENV=$(VENV) scripts/schemathesis.sh target/debug/inventory
 
 ## openapi: print the OpenAPI document
