@@ -32,7 +32,9 @@ local function hand_off(lock, fence, queue, entries)
           redis.call('HSET', lock, who, 1)
           redis.call('PEXPIRE', lock, lease)
         end
-        redis.call('RPUSH', inbox, token .. '|' .. shape .. '|' .. who)
+        -- How many still wait behind it: the new holder shares its tenure with them.
+        local behind = redis.call('ZCARD', queue)
+        redis.call('RPUSH', inbox, behind .. '|' .. token .. '|' .. shape .. '|' .. who)
         redis.call('PEXPIRE', inbox, lease)
         return true
       end

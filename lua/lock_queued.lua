@@ -1,8 +1,9 @@
 -- Take the lock, or join its FIFO queue of waiters, in one step (`LOCK_WAIT=notify`, the
 -- strategies whose release hands the lock over: lua-release, reentrant, watchdog, fenced).
 -- A release hands the lock to the first live waiter (see hand_off.lua):
--- it writes the lock for that waiter and pushes '<token>|<shape>|<owner>' onto the
--- waiter's instance's inbox list, so the woken waiter already holds the lock.
+-- it writes the lock for that waiter and pushes '<behind>|<token>|<shape>|<owner>' onto the
+-- waiter's instance's inbox list, so the woken waiter already holds the lock (<behind>: how
+-- many still wait after it).
 -- A waiter's entry carries a deadline that the waiter refreshes while it waits; a release
 -- skips entries past their deadline, so a waiter that died stalls nobody.
 -- KEYS[1]: the lock key (a string for shape 'string', a hash owner -> count otherwise)
@@ -17,8 +18,9 @@
 -- ARGV[5]: phase: 'try' (not queued yet), 'wait' (queued: refresh the entry),
 --          'leave' (giving up: leave the queue)
 -- ARGV[6]: how long the entry stays valid without a refresh, in milliseconds
--- returns: {1, token} when held (taken, re-entered, or handed over while queued; token is
---          0 unless fenced); {0, pttl} when another owner holds it (queued unless leaving)
+-- returns: {1, token, behind} when held (taken, re-entered, or handed over while queued;
+--          token is 0 unless fenced; behind is how many waiters are queued after it);
+--          {0, pttl} when another owner holds it (queued unless leaving)
 local owner, shape, phase = ARGV[1], ARGV[2], ARGV[5]
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -44,8 +46,15 @@ end
 -- The inbox message is then redundant: take it back so that nobody acts on it.
 if phase ~= 'try' and mine and not queued then
   local token = current_token()
-  redis.call('LREM', KEYS[5], 1, token .. '|' .. shape .. '|' .. owner)
-  return {1, token}
+  local tail = '|' .. token .. '|' .. shape .. '|' .. owner
+  for _, message in ipairs(redis.call('LRANGE', KEYS[5], 0, -1)) do
+    if #message > #tail and string.sub(message, -#tail) == tail
+        and string.match(string.sub(message, 1, #message - #tail), '^%d+$') then
+      redis.call('LREM', KEYS[5], 1, message)
+      break
+    end
+  end
+  return {1, token, redis.call('ZCARD', KEYS[3])}
 end
 
 if kind == 'none' or (mine and shape ~= 'string') then
@@ -66,7 +75,7 @@ if kind == 'none' or (mine and shape ~= 'string') then
     redis.call('HINCRBY', KEYS[1], owner, 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
   end
-  return {1, token}
+  return {1, token, redis.call('ZCARD', KEYS[3])}
 end
 
 local pttl = redis.call('PTTL', KEYS[1])

@@ -105,6 +105,13 @@ pub struct Config {
     #[arg(long, env = "LOCK_WAIT", value_enum, default_value_t = WaitMode::Notify)]
     pub lock_wait: WaitMode,
 
+    /// With `LOCK_WAIT=notify`, how long at most a lock taken from Redis passes between this
+    /// instance's own sales before it goes back to the queue, in milliseconds (shorter when
+    /// others wait; at most a quarter of `LOCK_TTL_MS`); 0 hands every release to the queue.
+    #[arg(long, env = "LOCK_TENURE_MS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(0..=1_000))]
+    pub lock_tenure_ms: u64,
+
     /// Bearer token required by `PUT /inventory`; unset leaves admin endpoints open. An
     /// empty token is refused: it would look set while protecting nothing.
     #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true, value_parser = parse_admin_token)]
@@ -467,6 +474,7 @@ mod tests {
         assert_eq!(default("max_work_ms"), "2000");
         assert_eq!(default("lock_wait_ms"), "10000");
         assert_eq!(default("lock_wait"), "notify");
+        assert_eq!(default("lock_tenure_ms"), "5");
         assert_eq!(default("item_id"), "001");
         assert_eq!(default("item_idle_ms"), "30000");
         assert_eq!(default("redis_connection"), "multiplexed");

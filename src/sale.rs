@@ -397,7 +397,7 @@ impl Seller {
         let guard = locks.acquire(strategy, &owner, deadline, false).await?;
         let outcome = if attempt.request.reenter {
             // The nested acquisition that non-reentrant locks cannot survive.
-            match locks.acquire(strategy, &owner, deadline, true).await {
+            match locks.reenter(&guard, deadline).await {
                 Ok(inner) => {
                     let outcome = self.read_work_write(item, &guard, attempt).await;
                     self.release(item, inner).await;

@@ -58,6 +58,7 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
         config.lock_wait,
         Duration::from_millis(config.release_gap_ms),
     )
+    .with_tenure(Duration::from_millis(config.lock_tenure_ms))
     .with_nodes(lock_nodes(config, metrics)?);
     check_quorum_setup(config, locks.nodes())?;
     let state = AppState {

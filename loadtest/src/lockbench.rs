@@ -35,16 +35,32 @@ const RSLOCK_RESOURCE: &str = "inventory:{bench}:rslock";
 /// Who is measured: one of the project's Redis locks with a way of waiting, or rslock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Contender {
-    Project { lock: RedisLock, wait: WaitMode },
+    /// `tenure_ms`: how long a lock passes between one client's critical sections before it
+    /// goes back to Redis (`LOCK_TENURE_MS`); `None` is the instance's default.
+    Project {
+        lock: RedisLock,
+        wait: WaitMode,
+        tenure_ms: Option<u64>,
+    },
     Rslock,
 }
 
 impl Contender {
-    /// `rslock`, or `<strategy>/<wait>` (`lua-release/notify`).
+    /// `rslock`, or `<strategy>/<wait>` (`lua-release/notify`), optionally with a tenure in
+    /// milliseconds (`fenced/notify:0`, the plain hand-off).
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         if text == "rslock" {
             return Ok(Contender::Rslock);
         }
+        let (text, tenure_ms) = match text.split_once(':') {
+            Some((text, ms)) => (
+                text,
+                Some(ms.parse::<u64>().map_err(|e| {
+                    anyhow::anyhow!("{ms:?}: the tenure is whole milliseconds ({e})")
+                })?),
+            ),
+            None => (text, None),
+        };
         let (strategy, wait) = text
             .split_once('/')
             .with_context(|| format!("{text:?}: expected rslock or <strategy>/<wait>"))?;
@@ -54,7 +70,11 @@ impl Contender {
         };
         let wait = <WaitMode as clap::ValueEnum>::from_str(wait, true)
             .map_err(|e| anyhow::anyhow!("{wait}: {e}"))?;
-        Ok(Contender::Project { lock, wait })
+        Ok(Contender::Project {
+            lock,
+            wait,
+            tenure_ms,
+        })
     }
 
     pub fn strategy(self) -> &'static str {
@@ -76,6 +96,10 @@ impl Contender {
 
     pub fn label(self) -> String {
         match self {
+            Contender::Project {
+                tenure_ms: Some(ms),
+                ..
+            } => format!("{}/{}:{ms}", self.strategy(), self.wait()),
             Contender::Project { .. } => format!("{}/{}", self.strategy(), self.wait()),
             Contender::Rslock => "rslock".to_owned(),
         }
@@ -387,14 +411,21 @@ pub async fn client(
     let mut stdout = tokio::io::stdout();
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     let report = match contender {
-        Contender::Project { lock, wait } => {
+        Contender::Project {
+            lock,
+            wait,
+            tenure_ms,
+        } => {
             let store = Store::new(
                 redis_url,
                 ITEM,
                 Duration::from_secs(5),
                 Arc::new(Metrics::default()),
             )?;
-            let locks = Locks::new(store.clone(), load.ttl, wait, Duration::ZERO);
+            let mut locks = Locks::new(store.clone(), load.ttl, wait, Duration::ZERO);
+            if let Some(ms) = tenure_ms {
+                locks = locks.with_tenure(Duration::from_millis(ms));
+            }
             store.ping().await?;
             // Lets the release listener connect before the clock starts.
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -409,6 +440,9 @@ pub async fn client(
             let mut report = tokio::spawn(async move {
                 let mut report =
                     project_loop(&store, &locks, Strategy::Redis(lock), id, load).await;
+                // The others may still be running: a lock parked for this loop's next
+                // critical section goes back now, not with its lease after the exit.
+                locks.close().await;
                 report.attempts = locks.attempts();
                 report
             })
@@ -555,7 +589,12 @@ mod tests {
 
     #[test]
     fn contenders_parse_from_their_labels() {
-        for label in ["rslock", "lua-release/notify", "fenced/spin"] {
+        for label in [
+            "rslock",
+            "lua-release/notify",
+            "fenced/spin",
+            "fenced/notify:0",
+        ] {
             assert_eq!(Contender::parse(label).unwrap().label(), label);
         }
         assert!(Contender::parse("atomic/notify").is_err());

@@ -29,7 +29,10 @@ impl RedisLockOps for Fenced {
             .call(|mut c| async move { lock.invoke_async(&mut c).await })
             .await?;
         let attempt = Attempt::from_script(reply, true);
-        if let Attempt::Acquired { fence: Some(token) } = attempt {
+        if let Attempt::Acquired {
+            fence: Some(token), ..
+        } = attempt
+        {
             cx.newest_fence.fetch_max(token, Ordering::AcqRel);
         }
         Ok(attempt)

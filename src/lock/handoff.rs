@@ -81,14 +81,19 @@ pub(super) async fn try_acquire(
         .call(|mut c| async move { attempt.invoke_async(&mut c).await })
         .await?;
     let attempt = Attempt::from_script(reply, shape == "fenced");
-    if let Attempt::Acquired { fence: Some(token) } = attempt {
+    if let Attempt::Acquired {
+        fence: Some(token), ..
+    } = attempt
+    {
         cx.newest_fence.fetch_max(token, Ordering::AcqRel);
     }
     Ok(attempt)
 }
 
-/// A hand-off message: `<token>|<shape>|<owner>`.
+/// A hand-off message: `<behind>|<token>|<shape>|<owner>`, `behind` being how many waiters
+/// were still queued after this one.
 pub(crate) struct Handed<'a> {
+    pub behind: u64,
     pub token: u64,
     pub shape: &'a str,
     pub owner: &'a str,
@@ -96,9 +101,11 @@ pub(crate) struct Handed<'a> {
 
 impl<'a> Handed<'a> {
     pub(crate) fn parse(message: &'a str) -> Option<Self> {
+        let (behind, message) = message.split_once('|')?;
         let (token, rest) = message.split_once('|')?;
         let (shape, owner) = rest.split_once('|')?;
         Some(Self {
+            behind: behind.parse().ok()?,
             token: token.parse().ok()?,
             shape,
             owner,
@@ -132,11 +139,13 @@ mod tests {
 
     #[test]
     fn a_hand_off_message_reads_back() {
-        let handed = Handed::parse("7|fenced|host:1:order|x").expect("parses");
+        let handed = Handed::parse("3|7|fenced|host:1:order|x").expect("parses");
+        assert_eq!(handed.behind, 3);
         assert_eq!(handed.token, 7);
         assert_eq!(handed.owner, "host:1:order|x");
         assert_eq!(handed.fence(), Some(7));
-        assert_eq!(Handed::parse("0|string|a").and_then(|h| h.fence()), None);
+        assert_eq!(Handed::parse("0|0|string|a").and_then(|h| h.fence()), None);
         assert!(Handed::parse("garbage").is_none());
+        assert!(Handed::parse("7|fenced|a").is_none(), "a count first");
     }
 }

@@ -10,6 +10,7 @@
 //! of that macro. Locks spanning several Redis nodes find them in [`LockCx::nodes`].
 
 mod atomic;
+mod cohort;
 mod fenced;
 mod handoff;
 mod local;
@@ -33,11 +34,11 @@ use redis::{RedisError, RedisResult};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::Instant;
 
-use crate::store::Store;
+use crate::store::{Store, scripts};
 pub use crate::strategy::{RedisLock, Strategy};
+use cohort::{Cohort, Joined, Passed, Tenure};
 use renewal::Renewal;
-use wait::WaitMode;
-use wait::Waiter;
+use wait::{Acquired, WaitMode, Waiter};
 
 pub use atomic::sell as atomic_sell;
 
@@ -65,8 +66,12 @@ impl From<RedisError> for LockError {
 /// The outcome of one attempt at a Redis lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Attempt {
-    /// Taken (or re-entered), with the fencing token drawn for it, if the strategy has one.
-    Acquired { fence: Option<u64> },
+    /// Taken (or re-entered), with the fencing token drawn for it, if the strategy has one,
+    /// and, from the queue of the hand-off (`notify`), how many still wait behind it.
+    Acquired {
+        fence: Option<u64>,
+        behind: Option<u64>,
+    },
     /// Held by someone else; `retry_in` is its remaining lease, `None` when it has none.
     Busy { retry_in: Option<Duration> },
 }
@@ -81,16 +86,26 @@ impl Attempt {
         Attempt::Busy { retry_in }
     }
 
-    /// Reads the `{1, token}` / `{0, pttl}` reply of the lock scripts.
-    fn from_script((acquired, value): (i64, i64), fenced: bool) -> Self {
-        if acquired == 1 {
+    /// Reads the `{1, token[, behind]}` / `{0, pttl}` reply of the lock scripts.
+    fn from_script(reply: Vec<i64>, fenced: bool) -> Self {
+        let value = reply.get(1).copied().unwrap_or(-2);
+        if reply.first() == Some(&1) {
             Attempt::Acquired {
                 fence: fenced.then_some(value.max(0) as u64),
+                behind: reply.get(2).map(|&b| b.max(0) as u64),
             }
         } else {
             Attempt::busy(value)
         }
     }
+}
+
+/// What an acquisition got: its fencing token, if the strategy draws one, and how many
+/// waiters were still queued behind it, when the hand-off queue says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Grant {
+    pub fence: Option<u64>,
+    pub behind: Option<u64>,
 }
 
 /// What a release found.
@@ -257,6 +272,8 @@ enum Hold {
     /// Held until the guard is released (or dropped).
     Local(OwnedMutexGuard<()>),
     Redis(RedisLock, Option<Renewal>),
+    /// Held as part of this instance's tenure ([`cohort`]): its release may pass it on here.
+    Cohort(Tenure),
 }
 
 impl Guard {
@@ -270,7 +287,20 @@ impl Guard {
 
     /// True once the renewal found the lock gone. Strategies without renewal never know.
     pub fn is_lost(&self) -> bool {
-        matches!(&self.hold, Hold::Redis(_, Some(renewal)) if renewal.is_lost())
+        match &self.hold {
+            Hold::Redis(_, renewal) => renewal.as_ref().is_some_and(Renewal::is_lost),
+            Hold::Cohort(tenure) => tenure.renewal.as_ref().is_some_and(Renewal::is_lost),
+            Hold::Nothing | Hold::Local(_) => false,
+        }
+    }
+
+    /// The owner id the lock is written under in Redis: the sale's own, or, for a lock
+    /// passed within a tenure, the one of the sale that took it from Redis.
+    pub fn redis_owner(&self) -> &Arc<str> {
+        match &self.hold {
+            Hold::Cohort(tenure) => &tenure.owner,
+            _ => &self.owner,
+        }
     }
 }
 
@@ -283,6 +313,10 @@ pub struct Locks {
     waiter: Waiter,
     /// For locks whose releases wake nobody here: retries bounded by the holder's lease.
     poller: Waiter,
+    /// The lock as passed between this instance's sales ([`cohort`]).
+    cohort: Arc<Cohort>,
+    /// How long a tenure lasts; zero turns passing off.
+    tenure: Duration,
 }
 
 impl Locks {
@@ -301,13 +335,23 @@ impl Locks {
     fn listening(cx: LockCx, mode: WaitMode) -> Self {
         let waiter = Waiter::listen(&cx.store, mode);
         let poller = Waiter::listen(&cx.store, WaitMode::Spin);
+        let tenure = cohort::QUANTUM.min(cx.ttl / 4);
         Self {
             cx,
             mode,
             local: Arc::default(),
             waiter,
             poller,
+            cohort: Arc::default(),
+            tenure,
         }
+    }
+
+    /// Sets how long a lock taken from Redis passes between this instance's sales before it
+    /// goes back ([`cohort`]); zero turns passing off. Kept under a quarter of the lease.
+    pub fn with_tenure(mut self, tenure: Duration) -> Self {
+        self.tenure = tenure.min(self.cx.ttl / 4);
+        self
     }
 
     /// The same machinery for another item: the same servers and connections, the item's
@@ -325,7 +369,7 @@ impl Locks {
             release_gap: self.cx.release_gap,
             newest_fence: self.cx.newest_fence.clone(),
         };
-        Self::listening(cx, self.mode)
+        Self::listening(cx, self.mode).with_tenure(self.tenure)
     }
 
     /// The store of this item.
@@ -336,7 +380,7 @@ impl Locks {
     /// No sale waits for this item's lock here, and no hand-off is owed: dropping it now
     /// strands nobody.
     pub fn is_idle(&self) -> bool {
-        self.waiter.is_idle() && self.poller.is_idle()
+        self.waiter.is_idle() && self.poller.is_idle() && self.cohort.is_idle()
     }
 
     /// Adds the independent nodes a quorum lock is taken on.
@@ -379,50 +423,18 @@ impl Locks {
                         })?;
                 (None, Hold::Local(guard))
             }
+            Strategy::Redis(lock) if !nested && self.passes(lock) => {
+                self.acquire_in_tenure(lock, owner, deadline).await?
+            }
             Strategy::Redis(lock) => {
-                let waiter = if wakes_waiters(lock) {
-                    &self.waiter
-                } else {
-                    &self.poller
+                let never = std::future::pending::<std::convert::Infallible>();
+                let fence = match self
+                    .acquire_redis(lock, owner, deadline, nested, never)
+                    .await?
+                {
+                    Acquired::Granted(grant) => grant.fence,
+                    Acquired::Passed(never) => match never {},
                 };
-                let hands_off = handoff_shape(lock).is_some();
-                // With REPLICA_ACKS, every call of an attempt waits for the replicas on its
-                // own connection; the count is read once the lock is had.
-                let acked = self.cx.acked();
-                let attempt = waiter.until_acquired(owner, deadline, nested, hands_off, |queued| {
-                    let cx = match &acked {
-                        Some((cx, acks)) => {
-                            acks.reset();
-                            cx
-                        }
-                        None => &self.cx,
-                    };
-                    async move {
-                        match queued {
-                            Some(queued) => handoff::try_acquire(cx, lock, owner, queued).await,
-                            None => try_acquire(cx, lock, owner).await,
-                        }
-                    }
-                });
-                let fence = match attempt.await {
-                    Ok(fence) => {
-                        // A token drawn by the release that handed the lock over.
-                        if let Some(token) = fence {
-                            self.cx.newest_fence.fetch_max(token, Ordering::AcqRel);
-                        }
-                        fence
-                    }
-                    Err(LockError::Redis(e)) => {
-                        if !nested {
-                            self.undo_unanswered_acquire(lock, owner);
-                        }
-                        return Err(LockError::Redis(e));
-                    }
-                    Err(e) => return Err(e),
-                };
-                if let Some((_, acks)) = &acked {
-                    self.check_replicated(lock, owner, acks).await?;
-                }
                 let renewal = (lock.info().renews && !nested)
                     .then(|| Renewal::start(self.cx.clone(), lock, owner.clone()));
                 (fence, Hold::Redis(lock, renewal))
@@ -443,6 +455,284 @@ impl Locks {
         })
     }
 
+    /// Whether a lock of `lock` is passed between this instance's sales ([`cohort`]): the
+    /// hand-off strategies in `notify` mode, when acquires need no replica acknowledgement
+    /// (a pass would skip the `WAIT` that an acquire makes).
+    fn passes(&self, lock: RedisLock) -> bool {
+        !self.tenure.is_zero()
+            && self.mode == WaitMode::Notify
+            && handoff_shape(lock).is_some()
+            && self.cx.store.replication().acks == 0
+    }
+
+    /// One acquisition in Redis: attempts, waiting between them, until it is had, the
+    /// deadline passes or Redis fails, or `passed` gives something first (see
+    /// [`Waiter::until_acquired`]).
+    async fn acquire_redis<P: std::future::Future>(
+        &self,
+        lock: RedisLock,
+        owner: &Arc<str>,
+        deadline: Instant,
+        nested: bool,
+        passed: P,
+    ) -> Result<Acquired<P::Output>, LockError> {
+        let waiter = if wakes_waiters(lock) {
+            &self.waiter
+        } else {
+            &self.poller
+        };
+        let hands_off = handoff_shape(lock).is_some();
+        // With REPLICA_ACKS, every call of an attempt waits for the replicas on its
+        // own connection; the count is read once the lock is had.
+        let acked = self.cx.acked();
+        let attempt = waiter.until_acquired(
+            owner,
+            deadline,
+            nested,
+            hands_off,
+            |queued| {
+                let cx = match &acked {
+                    Some((cx, acks)) => {
+                        acks.reset();
+                        cx
+                    }
+                    None => &self.cx,
+                };
+                async move {
+                    match queued {
+                        Some(queued) => handoff::try_acquire(cx, lock, owner, queued).await,
+                        None => try_acquire(cx, lock, owner).await,
+                    }
+                }
+            },
+            passed,
+        );
+        let grant = match attempt.await {
+            Ok(Acquired::Passed(passed)) => return Ok(Acquired::Passed(passed)),
+            Ok(Acquired::Granted(grant)) => {
+                // A token drawn by the release that handed the lock over.
+                if let Some(token) = grant.fence {
+                    self.cx.newest_fence.fetch_max(token, Ordering::AcqRel);
+                }
+                grant
+            }
+            Err(LockError::Redis(e)) => {
+                if !nested {
+                    self.undo_unanswered_acquire(lock, owner);
+                }
+                return Err(LockError::Redis(e));
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some((_, acks)) = &acked {
+            self.check_replicated(lock, owner, acks).await?;
+        }
+        Ok(Acquired::Granted(grant))
+    }
+
+    /// Takes the lock from a sale of this instance if one holds it within its tenure (or
+    /// just parked it), else from Redis, beginning a tenure ([`cohort`]); while queued in
+    /// Redis, a lock passed by a sale of this instance is taken too.
+    async fn acquire_in_tenure(
+        &self,
+        lock: RedisLock,
+        owner: &Arc<str>,
+        deadline: Instant,
+    ) -> Result<(Option<u64>, Hold), LockError> {
+        let started = Instant::now();
+        loop {
+            let passed = match self.cohort.join(lock) {
+                Joined::Taken(tenure) => Some(tenure),
+                Joined::Wait { mut passed, until } => {
+                    let waited = tokio::time::timeout_at(until.min(deadline), passed.passed());
+                    // One passed just as the wait ended is taken all the same.
+                    waited.await.ok().flatten().or_else(|| passed.close())
+                }
+                Joined::Redis => None,
+            };
+            if let Some(tenure) = passed {
+                match self.take_passed(tenure).await {
+                    Some(taken) => return Ok(taken),
+                    None => continue,
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(LockError::Timeout {
+                    waited: started.elapsed(),
+                });
+            }
+            let since = Instant::now();
+            let mut passing = self.cohort.queued_in_redis(lock);
+            let local = async {
+                match passing.passed().await {
+                    Some(tenure) => tenure,
+                    None => std::future::pending().await,
+                }
+            };
+            let acquired = self
+                .acquire_redis(lock, owner, deadline, false, local)
+                .await;
+            let late = passing.close();
+            let grant = match acquired {
+                Ok(Acquired::Granted(grant)) => grant,
+                Ok(Acquired::Passed(tenure)) => {
+                    self.leave_redis_queue(owner);
+                    match self.take_passed(tenure).await {
+                        Some(taken) => return Ok(taken),
+                        None => continue,
+                    }
+                }
+                Err(e) => {
+                    if let Some(tenure) = late {
+                        self.hand_back(tenure);
+                    }
+                    return Err(e);
+                }
+            };
+            // Redis granted it while a tenure here was passed to this sale: that tenure's
+            // lock must have been lost (one lock, one holder); it goes on or is released.
+            if let Some(tenure) = late {
+                self.hand_back(tenure);
+            }
+            let renewal = lock
+                .info()
+                .renews
+                .then(|| Renewal::start(self.cx.clone(), lock, owner.clone()));
+            let acquired = Instant::now();
+            let quantum = cohort::quantum(self.tenure, grant.behind);
+            self.cohort.began(lock, acquired, quantum);
+            let tenure = Tenure {
+                lock,
+                owner: owner.clone(),
+                since,
+                acquired,
+                quantum,
+                lease: self.cx.ttl,
+                renewal,
+                tokens: None,
+            };
+            return Ok((grant.fence, Hold::Cohort(tenure)));
+        }
+    }
+
+    /// A sale queued in Redis that took a passed lock leaves the queue, so that the release
+    /// ending the tenure does not hand the lock to it. Not waited for: until it lands, a
+    /// hand-off that reaches the sale is released at once, as for any waiter that is gone.
+    fn leave_redis_queue(&self, owner: &Arc<str>) {
+        let (store, owner) = (self.cx.store.clone(), owner.clone());
+        tokio::spawn(async move {
+            let keys = &store.keys;
+            let left: RedisResult<()> = store
+                .call(|mut c| {
+                    let owner = owner.clone();
+                    async move {
+                        redis::pipe()
+                            .zrem(&keys.queue, &*owner)
+                            .ignore()
+                            .hdel(&keys.queue_entries, &*owner)
+                            .ignore()
+                            .query_async(&mut c)
+                            .await
+                    }
+                })
+                .await;
+            if let Err(e) = left {
+                tracing::debug!(%owner, error = %e, "leaving the lock queue failed; the entry expires");
+            }
+        });
+    }
+
+    /// A tenure nobody will use where it is: to the next sale waiting here, parked, or
+    /// released in Redis, without waiting for any of it.
+    fn hand_back(&self, tenure: Tenure) {
+        match self.cohort.pass(tenure) {
+            Passed::ToWaiter => {}
+            Passed::Parked(park) => release_when_unused(self.cohort.clone(), self.cx.clone(), park),
+            Passed::Over(tenure) => {
+                let cx = self.cx.clone();
+                tokio::spawn(async move {
+                    let Tenure {
+                        lock,
+                        owner,
+                        renewal,
+                        ..
+                    } = tenure;
+                    drop(renewal);
+                    end_tenure(&cx, lock, owner).await.ok();
+                });
+            }
+        }
+    }
+
+    /// A sale takes a tenure passed to it. A fenced one needs a token of its own: the next
+    /// one drawn ahead, or a new block, drawn only if the tenure's owner still holds the lock
+    /// in Redis. `None` when the lock turned out lost, or the draw failed: the tenure is
+    /// over and the sale asks Redis.
+    async fn take_passed(&self, mut tenure: Tenure) -> Option<(Option<u64>, Hold)> {
+        if handoff_shape(tenure.lock) != Some("fenced") {
+            return Some((None, Hold::Cohort(tenure)));
+        }
+        if let Some(token) = tenure.take_token() {
+            return Some((Some(token), Hold::Cohort(tenure)));
+        }
+        let newest = self.cx.newest_fence.load(Ordering::Acquire);
+        let draw = &scripts::draw_fences(
+            &self.cx.store.keys,
+            &tenure.owner,
+            newest,
+            cohort::TOKEN_BLOCK,
+        );
+        let drawn: RedisResult<u64> = self
+            .cx
+            .store
+            .call(|mut c| async move { draw.invoke_async(&mut c).await })
+            .await;
+        match drawn {
+            Ok(last) if last > 0 => {
+                self.cx.newest_fence.fetch_max(last, Ordering::AcqRel);
+                let first = last + 1 - cohort::TOKEN_BLOCK;
+                tenure.tokens = Some((first, last));
+                let token = tenure.take_token();
+                Some((token, Hold::Cohort(tenure)))
+            }
+            drawn => {
+                if let Err(e) = &drawn {
+                    tracing::debug!(error = %e, "drawing fencing tokens for a passed lock failed");
+                }
+                self.cohort.abandoned();
+                self.end_tenure(tenure).await.ok();
+                None
+            }
+        }
+    }
+
+    /// Gives a tenure's lock back to Redis (whose release hands it to the next waiter in
+    /// line); a failed release is retried in the background, as any other.
+    async fn end_tenure(&self, tenure: Tenure) -> RedisResult<Released> {
+        let Tenure {
+            lock,
+            owner,
+            renewal,
+            ..
+        } = tenure;
+        drop(renewal);
+        end_tenure(&self.cx, lock, owner).await
+    }
+
+    /// Releases in Redis a lock parked for this instance's next sale, at once: for a process
+    /// about to exit, which would otherwise leave it to its lease.
+    pub async fn close(&self) {
+        if let Some(tenure) = self.cohort.take_parked() {
+            self.end_tenure(tenure).await.ok();
+        }
+    }
+
+    /// Takes the lock `outer` holds again, nested, as the same owner in Redis.
+    pub async fn reenter(&self, outer: &Guard, deadline: Instant) -> Result<Guard, LockError> {
+        self.acquire(outer.strategy, outer.redis_owner(), deadline, true)
+            .await
+    }
+
     /// Releases the lock. Consuming the guard makes a second release impossible; the scripts
     /// that check the owner make a late one harmless.
     pub async fn release(&self, guard: Guard) -> RedisResult<Released> {
@@ -459,6 +749,14 @@ impl Locks {
                 drop(mutex_guard);
                 Released::Freed
             }
+            Hold::Cohort(tenure) => match self.cohort.pass(tenure) {
+                Passed::ToWaiter => Released::Freed,
+                Passed::Parked(park) => {
+                    release_when_unused(self.cohort.clone(), self.cx.clone(), park);
+                    Released::Freed
+                }
+                Passed::Over(tenure) => self.end_tenure(tenure).await?,
+            },
             Hold::Redis(lock, renewal) => {
                 // Stop renewing first: a renewal racing the release is harmless (it only
                 // extends a lease this owner still holds), but there is no point to it.
@@ -537,6 +835,40 @@ impl Locks {
     }
 }
 
+/// Releases the tenure parked as `park` in Redis unless a sale took it meanwhile. Runs
+/// after the releasing task's next await: a sale that task starts at once takes the parked
+/// lock first.
+fn release_when_unused(cohort: Arc<Cohort>, cx: LockCx, park: u64) {
+    tokio::spawn(async move {
+        tokio::task::yield_now().await;
+        if let Some(Tenure {
+            lock,
+            owner,
+            renewal,
+            ..
+        }) = cohort.unpark(park)
+        {
+            drop(renewal);
+            let released = end_tenure(&cx, lock, owner.clone()).await;
+            tracing::debug!(%owner, ?released, "lock released after its tenure, nobody here wanting it");
+        }
+    });
+}
+
+/// The release that ends a tenure; when it fails, retried as [`Locks::release_later`] does.
+async fn end_tenure(cx: &LockCx, lock: RedisLock, owner: Arc<str>) -> RedisResult<Released> {
+    let released = release_redis(cx, lock, &owner).await;
+    if released.is_err() {
+        retry_release(
+            cx.clone(),
+            lock,
+            owner.to_string(),
+            Duration::from_millis(50),
+        );
+    }
+    released
+}
+
 /// Releases `owner`'s lock in the background, after `first` and then with a growing
 /// backoff, until it succeeds or the lease would have ended anyway.
 fn retry_release(cx: LockCx, lock: RedisLock, owner: String, first: Duration) {
@@ -601,7 +933,10 @@ async fn set_nx(store: &Store, owner: &str, ttl: Option<Duration>) -> RedisResul
         })
         .await?;
     Ok(match set {
-        Some(_) => Attempt::Acquired { fence: None },
+        Some(_) => Attempt::Acquired {
+            fence: None,
+            behind: None,
+        },
         None => Attempt::busy(pttl),
     })
 }

@@ -72,7 +72,10 @@ impl RedisLockOps for RedlockFenced {
         match token {
             Ok(token) => {
                 cx.newest_fence.fetch_max(token, Ordering::AcqRel);
-                Ok(Attempt::Acquired { fence: Some(token) })
+                Ok(Attempt::Acquired {
+                    fence: Some(token),
+                    behind: None,
+                })
             }
             Err(e) => {
                 // Held without a token is not held: give it back rather than sell unfenced.
@@ -193,7 +196,10 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
     match validity {
         Some(left) if held => {
             metrics.quorum(Some(left));
-            return Ok(Attempt::Acquired { fence: None });
+            return Ok(Attempt::Acquired {
+                fence: None,
+                behind: None,
+            });
         }
         _ => metrics.quorum(None),
     }

@@ -53,7 +53,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use super::handoff::{self, Handed, Phase, Queued};
-use super::{Attempt, LockError};
+use super::{Attempt, Grant, LockError};
 use crate::store::{Keys, Store};
 
 /// How a sale waits for a lock held by someone else.
@@ -172,31 +172,40 @@ impl Waiter {
     }
 
     /// Repeats `attempt` until it acquires, the deadline passes, or Redis fails. Returns the
-    /// fencing token of the acquisition, if any. A `nested` acquire (the holder entering
+    /// fencing token of the acquisition, if any; or what `passed` gave, when it completed
+    /// first: a hand-off waiter listens to it between its attempts (never during one, so an
+    /// attempt that took the lock is never dropped), the other waits ignore it. A `nested` acquire (the holder entering
     /// again) tries at once: queueing behind the sales that wait for its own lock would only
     /// make it hold the lock longer. With `hands_off` (a strategy whose release can hand the
     /// lock over) and `LOCK_WAIT=notify`, `attempt` gets a [`Queued`]: the waiter queues in
     /// Redis and is handed the lock by the release ([`handoff`]); otherwise it gets `None`.
-    pub async fn until_acquired<F, Fut>(
+    pub async fn until_acquired<F, Fut, P>(
         &self,
         owner: &Arc<str>,
         deadline: Instant,
         nested: bool,
         hands_off: bool,
         mut attempt: F,
-    ) -> Result<Option<u64>, LockError>
+        passed: P,
+    ) -> Result<Acquired<P::Output>, LockError>
     where
         F: FnMut(Option<Queued>) -> Fut,
         Fut: Future<Output = RedisResult<Attempt>>,
+        P: Future,
     {
         match &self.backend {
             Backend::Queue(queue) if hands_off => {
-                self.handed_over(queue, owner, deadline, attempt).await
+                self.handed_over(queue, owner, deadline, attempt, passed)
+                    .await
             }
-            Backend::Queue(queue) => self.queued(queue, deadline, nested, || attempt(None)).await,
-            Backend::Spin | Backend::PubSub { .. } => {
-                self.retried(deadline, || attempt(None)).await
-            }
+            Backend::Queue(queue) => self
+                .queued(queue, deadline, nested, || attempt(None))
+                .await
+                .map(Acquired::Granted),
+            Backend::Spin | Backend::PubSub { .. } => self
+                .retried(deadline, || attempt(None))
+                .await
+                .map(Acquired::Granted),
         }
     }
 
@@ -205,17 +214,20 @@ impl Waiter {
     /// again when the holder's lease ends. At the deadline the waiter leaves the queue in the
     /// same step as a last attempt, so a hand-off that raced its departure is taken, never
     /// stranded.
-    async fn handed_over<F, Fut>(
+    async fn handed_over<F, Fut, P>(
         &self,
         queue: &Queue,
         owner: &Arc<str>,
         deadline: Instant,
         mut attempt: F,
-    ) -> Result<Option<u64>, LockError>
+        passed: P,
+    ) -> Result<Acquired<P::Output>, LockError>
     where
         F: FnMut(Option<Queued>) -> Fut,
         Fut: Future<Output = RedisResult<Attempt>>,
+        P: Future,
     {
+        tokio::pin!(passed);
         let started = Instant::now();
         // Registered before the first attempt: a hand-off may arrive before its reply.
         let mut registration = queue.expect_handoff(owner.clone());
@@ -235,9 +247,9 @@ impl Waiter {
             // A Redis error drops the registration as cancelled: a hand-off that still
             // arrives for it is released at once.
             let retry_in = match attempt(Some(queued)).await? {
-                Attempt::Acquired { fence } => {
+                Attempt::Acquired { fence, behind } => {
                     registration.finish();
-                    return Ok(fence);
+                    return Ok(Acquired::Granted(Grant { fence, behind }));
                 }
                 Attempt::Busy { retry_in } => retry_in,
             };
@@ -250,8 +262,18 @@ impl Waiter {
             queue.wanted.notify_one();
             let now = Instant::now();
             let lease_end = retry_in.map_or(deadline, |r| now + r).min(deadline);
-            if let Some(message) = registration.wait_until(lease_end.min(now + REFRESH)).await {
-                return Ok(Handed::parse(&message).and_then(|h| h.fence()));
+            let handed = tokio::select! {
+                message = registration.wait_until(lease_end.min(now + REFRESH)) => message,
+                // Dropping the registration unfinished marks this waiter as gone: a hand-off
+                // that still reaches it in Redis is released at once.
+                value = &mut passed => return Ok(Acquired::Passed(value)),
+            };
+            if let Some(message) = handed {
+                let handed = Handed::parse(&message);
+                return Ok(Acquired::Granted(Grant {
+                    fence: handed.as_ref().and_then(Handed::fence),
+                    behind: handed.map(|h| h.behind),
+                }));
             }
             phase = Phase::Wait;
         }
@@ -263,7 +285,7 @@ impl Waiter {
         deadline: Instant,
         nested: bool,
         mut attempt: F,
-    ) -> Result<Option<u64>, LockError>
+    ) -> Result<Grant, LockError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = RedisResult<Attempt>>,
@@ -306,7 +328,9 @@ impl Waiter {
     {
         self.attempts.fetch_add(1, Ordering::Relaxed);
         let retry_in = match attempt().await? {
-            Attempt::Acquired { fence } => return Ok(Tried::Acquired(fence)),
+            Attempt::Acquired { fence, behind } => {
+                return Ok(Tried::Acquired(Grant { fence, behind }));
+            }
             Attempt::Busy { retry_in } => retry_in,
         };
         let now = Instant::now();
@@ -320,11 +344,7 @@ impl Waiter {
     }
 
     /// The pub/sub and spin waits: try, then sleep until a release is heard (or 20 ms pass).
-    async fn retried<F, Fut>(
-        &self,
-        deadline: Instant,
-        mut attempt: F,
-    ) -> Result<Option<u64>, LockError>
+    async fn retried<F, Fut>(&self, deadline: Instant, mut attempt: F) -> Result<Grant, LockError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = RedisResult<Attempt>>,
@@ -358,9 +378,15 @@ impl Waiter {
     }
 }
 
+/// How a wait ended: the lock granted in Redis, or what the caller's other source gave.
+pub enum Acquired<T> {
+    Granted(Grant),
+    Passed(T),
+}
+
 /// What one attempt found.
 enum Tried {
-    Acquired(Option<u64>),
+    Acquired(Grant),
     Busy { lease_end: Instant },
 }
 

@@ -34,6 +34,7 @@ script!(IDEMPOTENCY_SETTLE, "idempotency_settle.lua");
 script!(EXTEND_OWNED, "extend_owned.lua");
 script!(LOCK_QUEUED, "lock_queued.lua");
 script!(NEXT_FENCE, "next_fence.lua");
+script!(DRAW_FENCES, "draw_fences.lua");
 
 // One builder per script: the only place that knows its KEYS and ARGV layout, used by
 // the store, the locks and the Lua tests alike.
@@ -132,6 +133,14 @@ pub fn extend_owned(lock: &str, owner: &str, ttl_ms: u64) -> ScriptInvocation<'s
 pub fn next_fence(keys: &Keys, newest: u64) -> ScriptInvocation<'static> {
     let mut i = NEXT_FENCE.key(&keys.fence);
     i.arg(newest);
+    i
+}
+
+/// The last of `count` fencing tokens drawn for `owner`'s held fenced lock (the block ends
+/// there), or 0 when `owner` no longer holds it.
+pub fn draw_fences(keys: &Keys, owner: &str, newest: u64, count: u64) -> ScriptInvocation<'static> {
+    let mut i = DRAW_FENCES.key(&keys.lock);
+    i.key(&keys.fence).arg(owner).arg(newest).arg(count);
     i
 }
 

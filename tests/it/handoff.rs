@@ -27,10 +27,12 @@ async fn attempt(
     phase: &str,
     entry_ms: u64,
 ) -> (i64, i64) {
-    scripts::lock_queued(k, inbox, owner, "string", TTL_MS, 0, phase, entry_ms)
-        .invoke_async(c)
-        .await
-        .unwrap()
+    let reply: Vec<i64> =
+        scripts::lock_queued(k, inbox, owner, "string", TTL_MS, 0, phase, entry_ms)
+            .invoke_async(c)
+            .await
+            .unwrap();
+    (reply[0], reply[1])
 }
 
 async fn release(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
@@ -56,7 +58,11 @@ async fn a_waiter_that_dies_while_queued_does_not_stall_the_next_one() {
     assert_eq!(holder.as_deref(), Some("c"), "the dead waiter was skipped");
     assert!(c.pttl::<_, i64>(&k.lock).await.unwrap() > 0, "with a lease");
     let to_c: Vec<String> = c.lrange("inbox:c", 0, -1).await.unwrap();
-    assert_eq!(to_c, ["0|string|c"]);
+    assert_eq!(
+        to_c,
+        ["0|0|string|c"],
+        "nobody behind c, token 0 (unfenced), c"
+    );
     let to_b: i64 = c.llen("inbox:b").await.unwrap();
     assert_eq!(to_b, 0);
 
@@ -71,6 +77,31 @@ async fn a_waiter_that_dies_while_queued_does_not_stall_the_next_one() {
     assert_eq!(release(&mut c, &k, "c").await, 1);
     assert!(!c.exists::<_, bool>(&k.lock).await.unwrap());
     assert_eq!(c.llen::<_, i64>(&k.signal).await.unwrap(), 1);
+}
+
+/// The hand-off says how many still wait behind the new holder (its tenure is shared with
+/// them), and the holder's own attempt still takes that message back.
+#[tokio::test]
+async fn a_hand_off_counts_the_waiters_behind_and_is_taken_back_whatever_the_count() {
+    let redis = RedisServer::start().await;
+    let mut c = redis.conn().await;
+    let k = Keys::new("001");
+    assert_eq!(attempt(&mut c, &k, "a", "inbox:a", "try", 1000).await.0, 1);
+    for waiter in ["b", "c", "d"] {
+        let inbox = format!("inbox:{waiter}");
+        assert_eq!(attempt(&mut c, &k, waiter, &inbox, "try", 5000).await.0, 0);
+    }
+    assert_eq!(release(&mut c, &k, "a").await, 1);
+    let to_b: Vec<String> = c.lrange("inbox:b", 0, -1).await.unwrap();
+    assert_eq!(to_b, ["2|0|string|b"]);
+    assert_eq!(
+        attempt(&mut c, &k, "b", "inbox:b", "wait", 5000).await,
+        (1, 0)
+    );
+    assert_eq!(c.llen::<_, i64>("inbox:b").await.unwrap(), 0);
+    assert_eq!(release(&mut c, &k, "b").await, 1);
+    let to_c: Vec<String> = c.lrange("inbox:c", 0, -1).await.unwrap();
+    assert_eq!(to_c, ["1|0|string|c"]);
 }
 
 #[tokio::test]
@@ -124,24 +155,47 @@ fn locks(redis: &RedisServer) -> (Store, Locks) {
     (store, locks)
 }
 
+/// Four instances of three sales each, on one lock: whatever path the lock takes (handed
+/// over by a release, passed between one instance's sales within a tenure, or taken free),
+/// one owner at a time, the Redis key naming that owner, and fencing tokens that strictly
+/// grow from one critical section to the next. With tenures, an instance's sales take the
+/// lock from each other without asking Redis: fewer attempts than critical sections.
 #[tokio::test]
 async fn a_handed_off_lock_is_owned_by_exactly_one_and_fence_tokens_only_grow() {
     let redis = RedisServer::start().await;
     let mut c = redis.conn().await;
-    for lock in [RedisLock::LuaRelease, RedisLock::Fenced] {
+    let default_tenure = None;
+    let no_tenure = Some(Duration::ZERO);
+    for (lock, tenure) in [
+        (RedisLock::LuaRelease, default_tenure),
+        (RedisLock::Fenced, default_tenure),
+        (RedisLock::Fenced, no_tenure),
+    ] {
         let inside = Arc::new(AtomicBool::new(false));
         let newest = Arc::new(AtomicU64::new(0));
         let sections = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
+        let mut all_locks = Vec::new();
         for instance in 0..4 {
             let (store, locks) = locks(&redis);
-            let locks = Arc::new(locks);
+            let locks = Arc::new(match tenure {
+                Some(t) => locks.with_tenure(t),
+                None => locks,
+            });
+            all_locks.push(locks.clone());
             for worker in 0..3 {
                 let (locks, store) = (locks.clone(), store.clone());
                 let (inside, newest, sections) = (inside.clone(), newest.clone(), sections.clone());
                 tasks.push(tokio::spawn(async move {
                     let end = Instant::now() + Duration::from_millis(1500);
                     let mut n = 0;
+                    let mut c = store
+                        .client()
+                        .await
+                        .unwrap()
+                        .get_multiplexed_async_connection()
+                        .await
+                        .unwrap();
                     while Instant::now() < end {
                         n += 1;
                         let owner: Arc<str> = format!("i{instance}:w{worker}:{n}").into();
@@ -152,19 +206,12 @@ async fn a_handed_off_lock_is_owned_by_exactly_one_and_fence_tokens_only_grow() 
                             .unwrap();
                         assert!(!inside.swap(true, Ordering::SeqCst), "two owners at once");
                         let key = &store.keys.lock;
-                        let mut c = store
-                            .client()
-                            .await
-                            .unwrap()
-                            .get_multiplexed_async_connection()
-                            .await
-                            .unwrap();
+                        let held_as = guard.redis_owner().to_string();
                         let owns = if lock == RedisLock::LuaRelease {
-                            c.get::<_, Option<String>>(key).await.unwrap().as_deref()
-                                == Some(&*owner)
+                            c.get::<_, Option<String>>(key).await.unwrap() == Some(held_as)
                         } else {
                             let fields: Vec<String> = c.hkeys(key).await.unwrap();
-                            fields == [owner.to_string()]
+                            fields == [held_as]
                         };
                         assert!(owns, "the lock key names its one owner");
                         if let Some(token) = guard.fence() {
@@ -180,12 +227,156 @@ async fn a_handed_off_lock_is_owned_by_exactly_one_and_fence_tokens_only_grow() 
         for task in tasks {
             task.await.unwrap();
         }
-        assert!(
-            sections.load(Ordering::Relaxed) > 12,
-            "{lock:?}: every worker got in"
-        );
+        let sections = sections.load(Ordering::Relaxed);
+        assert!(sections > 12, "{lock:?}: every worker got in");
+        let attempts: u64 = all_locks.iter().map(|l| l.attempts()).sum();
+        if tenure == no_tenure {
+            assert!(
+                attempts >= sections,
+                "{attempts} attempts, {sections} sections"
+            );
+        } else {
+            assert!(
+                attempts < sections,
+                "{lock:?}: {attempts} attempts for {sections} sections: no lock was passed"
+            );
+        }
+        // A lock parked for a sale that never came goes back by itself.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!c.exists::<_, bool>(&Keys::new("001").lock).await.unwrap());
     }
+}
+
+/// Every pair of the strategies whose lock is handed over and passed within tenures, selling
+/// the same item from two instances at once: still one owner at a time, and a sale of a
+/// fenced strategy always holds a token of its own, never a lock passed from a sale of the
+/// other strategy (whose lock has another shape, and maybe no token).
+#[tokio::test]
+async fn every_pair_of_handed_over_strategies_excludes_each_other_and_fenced_sales_keep_tokens() {
+    let redis = RedisServer::start().await;
+    let kinds = [
+        RedisLock::LuaRelease,
+        RedisLock::Reentrant,
+        RedisLock::Watchdog,
+        RedisLock::Fenced,
+    ];
+    let instances: Vec<Arc<Locks>> = (0..2).map(|_| Arc::new(locks(&redis).1)).collect();
+    for (i, &first) in kinds.iter().enumerate() {
+        for &second in &kinds[i + 1..] {
+            let inside = Arc::new(AtomicBool::new(false));
+            let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let mut tasks = Vec::new();
+            for (n, lock) in [first, second, first, second].into_iter().enumerate() {
+                for (i, locks) in instances.iter().enumerate() {
+                    let (locks, inside, tokens) = (locks.clone(), inside.clone(), tokens.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let end = Instant::now() + Duration::from_millis(400);
+                        let mut k = 0;
+                        while Instant::now() < end {
+                            k += 1;
+                            // Unique per sale, as an instance's owner ids are.
+                            let owner: Arc<str> = format!("i{i}:{lock:?}:{n}:{k}").into();
+                            let deadline = Instant::now() + Duration::from_secs(5);
+                            let guard = locks
+                                .acquire(Strategy::Redis(lock), &owner, deadline, false)
+                                .await
+                                .unwrap();
+                            assert!(
+                                !inside.swap(true, Ordering::SeqCst),
+                                "{first:?} + {second:?}: two owners at once"
+                            );
+                            let fenced = lock == RedisLock::Fenced;
+                            assert_eq!(guard.fence().is_some(), fenced, "{lock:?}");
+                            if let Some(token) = guard.fence() {
+                                tokens.lock().unwrap().push(token);
+                            }
+                            tokio::task::yield_now().await;
+                            inside.store(false, Ordering::SeqCst);
+                            locks.release(guard).await.unwrap();
+                        }
+                    }));
+                }
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+            let tokens = tokens.lock().unwrap();
+            assert!(
+                tokens.windows(2).all(|w| w[0] < w[1]),
+                "{first:?} + {second:?}: {tokens:?}"
+            );
+        }
+    }
+}
+
+/// A sale that releases while another instance waits, with nobody of its own to pass the
+/// lock to: the lock goes to the waiter then, not at the end of the lease (30 s), which is
+/// what a lock parked for a next sale that never comes would cost.
+#[tokio::test]
+async fn a_lock_nobody_here_wants_goes_to_the_next_instance_at_once() {
+    let redis = RedisServer::start().await;
+    let (_s1, here) = locks(&redis);
+    let (_s2, there) = locks(&redis);
+    let here = here.with_tenure(Duration::from_millis(1000));
+    let strategy = Strategy::Redis(RedisLock::Fenced);
+    let a: Arc<str> = "a".into();
+    let held = here
+        .acquire(strategy, &a, Instant::now() + Duration::from_secs(5), false)
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let b: Arc<str> = "b".into();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let guard = there.acquire(strategy, &b, deadline, false).await?;
+        let fence = guard.fence();
+        there.release(guard).await?;
+        Ok::<_, LockError>(fence)
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    here.release(held).await.unwrap();
+    let handed = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("handed over within 2 s of the release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(handed, Some(2));
+}
+
+/// A sale that waits behind a sale of its own instance waits here only for the rest of the
+/// tenure; a holder that keeps the lock longer sends it to Redis, and its deadline still
+/// holds: a timeout, not a hang, and the lock is had again once the holder lets go.
+#[tokio::test]
+async fn a_sale_behind_a_long_holder_of_its_own_instance_times_out_at_its_deadline() {
+    let redis = RedisServer::start().await;
+    let (_s, locks) = locks(&redis);
+    let strategy = Strategy::Redis(RedisLock::LuaRelease);
+    let a: Arc<str> = "a".into();
+    let held = locks
+        .acquire(strategy, &a, Instant::now() + Duration::from_secs(5), false)
+        .await
+        .unwrap();
+    let b: Arc<str> = "b".into();
+    let started = Instant::now();
+    let refused = locks
+        .acquire(strategy, &b, started + Duration::from_millis(300), false)
+        .await;
+    assert!(
+        matches!(refused, Err(LockError::Timeout { .. })),
+        "{:?}",
+        refused.map(|g| g.fence())
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    locks.release(held).await.unwrap();
+    let c: Arc<str> = "c".into();
+    let again = locks
+        .acquire(strategy, &c, Instant::now() + Duration::from_secs(2), false)
+        .await
+        .unwrap();
+    locks.release(again).await.unwrap();
 }
 
 #[tokio::test]

@@ -18,11 +18,13 @@ use testkit::RedisProcess;
 struct Args {
     #[command(subcommand)]
     child: Option<Child>,
-    /// What to measure: `rslock`, or `<strategy>/<wait>` (`fenced/notify`), comma-separated.
+    /// What to measure: `rslock`, or `<strategy>/<wait>` (`fenced/notify`), optionally with
+    /// the longest tenure in milliseconds (`fenced/notify:0`: none, the plain hand-off),
+    /// comma-separated.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "rslock,lua-release/notify,fenced/notify,lua-release/pubsub,fenced/pubsub,lua-release/spin,fenced/spin"
+        default_value = "rslock,lua-release/notify,fenced/notify,lua-release/notify:0,fenced/notify:0,lua-release/pubsub,fenced/pubsub,lua-release/spin,fenced/spin"
     )]
     contenders: Vec<String>,
     /// Numbers of client processes, comma-separated.

@@ -1,0 +1,457 @@
+//! Lock cohorting (`LOCK_WAIT=notify`, the strategies whose release hands the lock over:
+//! `lua-release`, `reentrant`, `watchdog`, `fenced`): a lock this instance took from Redis
+//! passes from one of its sales to the next without a round trip, for a short tenure, and
+//! only then goes back to Redis, where the release hands it to the next instance in line.
+//!
+//! Why: a fair lock that changes process at every critical section pays, per critical
+//! section, the release, the wake-up of another process and its acquire. Within a tenure a
+//! critical section costs only its own reads and writes. Fairness moves from one critical
+//! section to one tenure: instances still take turns in the Redis queue's arrival order,
+//! each for at most [`QUANTUM`] (plus the critical section running when it ends), so a waiter
+//! behind N instances waits about N tenures.
+//!
+//! What stays true:
+//! - The Redis lock never changes while it is passed: it stays written under the owner id of
+//!   the sale that took it, with that sale's lease and renewal, and a tenure ends (a real
+//!   release) as soon as its quantum is used, its renewal found the lock lost, or nobody here
+//!   wants it.
+//! - A lease is never stretched: a sale gets a passed lock only within the quantum of its
+//!   acquisition, and while at least half the lease is left however long that acquisition
+//!   waited in the queue (the lease began somewhere in that wait).
+//! - Every sale gets its own fencing token: a tenure draws a block of tokens in one round
+//!   trip at its first pass and gives them out in order; the next holder's token is drawn
+//!   above the block. Tokens may jump by what a tenure left unused.
+//! - A sale that arrives while a sale here holds the lock waits here, not in Redis, and only
+//!   for the rest of the tenure: when the tenure ends it goes to Redis and queues behind
+//!   the other instances.
+//!
+//! What it costs: a sale arriving at another instance waits for a whole tenure, not one
+//! critical section; and a lock nobody here wants is kept one scheduler turn before its
+//! release (the turn in which the releasing task's own next sale, if any, takes it).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::RedisLock;
+use super::renewal::Renewal;
+
+/// The longest tenure (`LOCK_TENURE_MS`'s default, 5), counted from the acquisition in Redis:
+/// short against any lease, long against one critical section (a few round trips on a
+/// local network).
+pub(super) const QUANTUM: Duration = Duration::from_millis(5);
+
+/// What the tenures of everyone queued should add up to: a tenure that begins with N
+/// waiters queued behind it lasts this divided by N + 1 (within [`MIN_QUANTUM`] and the
+/// longest tenure), so the last of them waits about this long plus N hand-offs, however
+/// many there are.
+const ROUND: Duration = Duration::from_millis(60);
+
+/// A tenure shorter than this would end before its second critical section.
+const MIN_QUANTUM: Duration = Duration::from_micros(500);
+
+/// How long a tenure lasts that began with `behind` waiters queued after it (unknown: as
+/// if none).
+pub(super) fn quantum(longest: Duration, behind: Option<u64>) -> Duration {
+    let share = u32::try_from(behind.unwrap_or(0).saturating_add(1)).unwrap_or(u32::MAX);
+    (ROUND / share).max(MIN_QUANTUM).min(longest)
+}
+
+/// How long past the quantum a sale waits here for the holder's critical section to end.
+/// A holder that is slower than that (long work, or a guard dropped without a release)
+/// will release in Redis anyway: the waiter queues there instead of waiting for nothing.
+const WAIT_SLACK: Duration = Duration::from_millis(10);
+
+/// Fencing tokens drawn at once for the passes of one tenure.
+pub(super) const TOKEN_BLOCK: u64 = 16;
+
+/// The Redis lock as this instance holds it across the sales it passes through.
+pub(super) struct Tenure {
+    pub lock: RedisLock,
+    /// The owner id the lock is written under in Redis: the sale that took it.
+    pub owner: Arc<str>,
+    /// When the acquire that began the tenure was sent: the lease began after it.
+    pub since: Instant,
+    /// When that acquire returned: the quantum counts from here, as a wait in the Redis
+    /// queue is no tenure.
+    pub acquired: Instant,
+    pub quantum: Duration,
+    /// The lease the lock was taken with (renewals aside).
+    pub lease: Duration,
+    pub renewal: Option<Renewal>,
+    /// Fencing tokens drawn ahead and not given out yet, `next..=last`.
+    pub tokens: Option<(u64, u64)>,
+}
+
+impl Tenure {
+    /// Within the quantum, with at least half the lease left however long the acquire
+    /// waited, and not found lost by a renewal.
+    fn can_pass(&self) -> bool {
+        self.acquired.elapsed() < self.quantum
+            && self.since.elapsed() < self.lease / 2
+            && !self.renewal.as_ref().is_some_and(Renewal::is_lost)
+    }
+
+    /// The next token drawn ahead, if any is left.
+    pub fn take_token(&mut self) -> Option<u64> {
+        let (next, last) = self.tokens?;
+        self.tokens = (next < last).then_some((next + 1, last));
+        Some(next)
+    }
+}
+
+/// What a sale that wants the lock finds here.
+pub(super) enum Joined {
+    /// A tenure parked by the sale before: it is this sale's now.
+    Taken(Tenure),
+    /// A sale here holds it within its quantum: wait for it to be passed, until `until` at
+    /// most (a closed channel means the tenure ended: go to Redis).
+    Wait { passed: Passing, until: Instant },
+    /// Not held here, or its quantum is used: ask Redis.
+    Redis,
+}
+
+/// What a releasing sale did with its tenure.
+pub(super) enum Passed {
+    /// Given to a sale waiting here.
+    ToWaiter,
+    /// Nobody waits: kept for a scheduler turn, in case this instance's next sale comes at
+    /// once; [`Cohort::unpark`] with this number ends it otherwise.
+    Parked(u64),
+    /// The tenure is over: release it in Redis.
+    Over(Tenure),
+}
+
+/// Where a waiting sale receives a passed tenure. A tenure must never be dropped with it (its
+/// Redis lock would then stay held, by nobody, for its lease): [`Passing::close`] takes back
+/// one that arrived too late for its sale, to be passed on or released.
+pub(super) struct Passing(Option<oneshot::Receiver<Tenure>>);
+
+impl Passing {
+    /// The tenure, once passed; pending forever if the cohort will never pass one (its
+    /// tenure ended, for a sale waiting here: the caller's bound then ends the wait).
+    pub async fn passed(&mut self) -> Option<Tenure> {
+        let rx = self.0.as_mut()?;
+        match rx.await {
+            Ok(tenure) => {
+                self.0 = None;
+                Some(tenure)
+            }
+            Err(_) => {
+                self.0 = None;
+                None
+            }
+        }
+    }
+
+    /// Stops receiving; a tenure that was passed meanwhile is returned.
+    pub fn close(&mut self) -> Option<Tenure> {
+        let mut rx = self.0.take()?;
+        rx.close();
+        rx.try_recv().ok()
+    }
+}
+
+impl Drop for Passing {
+    fn drop(&mut self) {
+        if let Some(tenure) = self.close() {
+            // Only reachable when a caller dropped a `Passing` without closing it, which
+            // the lock code never does; the renewal stops, and the lease frees the lock.
+            tracing::warn!(owner = %tenure.owner, "a passed lock was dropped unreleased; its lease will free it");
+        }
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Cohort {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// A sale here holds the lock, or it is parked for the next one.
+    held: bool,
+    /// Which strategy's lock the tenure is: a sale of another strategy on the same item
+    /// never takes it (its lock has another shape, and maybe no fencing token).
+    lock: Option<RedisLock>,
+    /// When the tenure being held began, to tell arrivals whether waiting here pays.
+    since: Option<Instant>,
+    quantum: Duration,
+    parked: Option<(Tenure, u64)>,
+    parks: u64,
+    /// Sales that arrived during the tenure and wait here for it.
+    waiters: VecDeque<oneshot::Sender<Tenure>>,
+    /// Sales of this instance queued in Redis, by strategy, that take a passed lock too
+    /// (they have waited longer than `waiters`, so they come first). They stay through
+    /// the end of a tenure: they are in the Redis queue already.
+    queued: VecDeque<(RedisLock, oneshot::Sender<Tenure>)>,
+}
+
+impl State {
+    /// Ends the tenure here: the sales waiting for it go to Redis (their channels close).
+    fn end(&mut self) {
+        self.held = false;
+        self.lock = None;
+        self.since = None;
+        self.waiters.clear();
+    }
+}
+
+impl Cohort {
+    /// A sale of `lock`'s strategy wants the lock.
+    pub fn join(&self, lock: RedisLock) -> Joined {
+        let Ok(mut state) = self.state.lock() else {
+            return Joined::Redis;
+        };
+        if state.lock != Some(lock) {
+            return Joined::Redis;
+        }
+        if let Some((tenure, _)) = state.parked.take() {
+            if tenure.can_pass() {
+                return Joined::Taken(tenure);
+            }
+            state.parked = Some((tenure, state.parks));
+            return Joined::Redis;
+        }
+        match state.since {
+            Some(since) if state.held && since.elapsed() < state.quantum => {
+                let (tx, rx) = oneshot::channel();
+                state.waiters.push_back(tx);
+                Joined::Wait {
+                    passed: Passing(Some(rx)),
+                    until: since + state.quantum + WAIT_SLACK,
+                }
+            }
+            _ => Joined::Redis,
+        }
+    }
+
+    /// A sale of `lock`'s strategy queued in Redis takes a lock passed here too (it then
+    /// leaves the Redis queue as a cancelled waiter does).
+    pub fn queued_in_redis(&self, lock: RedisLock) -> Passing {
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut state) = self.state.lock() {
+            state.queued.retain(|(_, w)| !w.is_closed());
+            state.queued.push_back((lock, tx));
+        }
+        Passing(Some(rx))
+    }
+
+    /// A sale took `lock` in Redis: sales of its strategy arriving here from now on wait for
+    /// it here.
+    pub fn began(&self, lock: RedisLock, since: Instant, quantum: Duration) {
+        if let Ok(mut state) = self.state.lock() {
+            state.held = true;
+            state.lock = Some(lock);
+            state.since = Some(since);
+            state.quantum = quantum;
+        }
+    }
+
+    /// Passes the tenure to the first sale still waiting here, or parks it when nobody
+    /// waits, or gives it back when its quantum is used.
+    pub fn pass(&self, mut tenure: Tenure) -> Passed {
+        let Ok(mut state) = self.state.lock() else {
+            return Passed::Over(tenure);
+        };
+        if !tenure.can_pass() {
+            state.end();
+            return Passed::Over(tenure);
+        }
+        // The longest waiting first: those queued in Redis, then those that came during the
+        // tenure. A send fails when the sale gave up (its deadline, or its request went
+        // away, or Redis gave it the lock): the next one gets it.
+        while let Some(i) = state.queued.iter().position(|(l, _)| *l == tenure.lock) {
+            let Some((_, waiter)) = state.queued.remove(i) else {
+                break;
+            };
+            match waiter.send(tenure) {
+                Ok(()) => return Passed::ToWaiter,
+                Err(back) => tenure = back,
+            }
+        }
+        while let Some(waiter) = state.waiters.pop_front() {
+            match waiter.send(tenure) {
+                Ok(()) => return Passed::ToWaiter,
+                Err(back) => tenure = back,
+            }
+        }
+        state.parks += 1;
+        let park = state.parks;
+        state.parked = Some((tenure, park));
+        Passed::Parked(park)
+    }
+
+    /// The tenure parked as `park`, if nobody took it: its release is due.
+    pub fn unpark(&self, park: u64) -> Option<Tenure> {
+        let mut state = self.state.lock().ok()?;
+        match state.parked.take() {
+            Some((tenure, p)) if p == park => {
+                state.end();
+                Some(tenure)
+            }
+            other => {
+                state.parked = other;
+                None
+            }
+        }
+    }
+
+    /// The parked tenure, whoever parked it: its release is due now (the instance stops).
+    pub fn take_parked(&self) -> Option<Tenure> {
+        let mut state = self.state.lock().ok()?;
+        let (tenure, _) = state.parked.take()?;
+        state.end();
+        Some(tenure)
+    }
+
+    /// A sale that held the tenure lost it without passing it (its Redis calls failed, or
+    /// its guard was dropped): the sales waiting here go to Redis.
+    pub fn abandoned(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.parked = None;
+            state.end();
+        }
+    }
+
+    /// Nothing parked, nobody waiting, and no tenure within its quantum. A tenure past it
+    /// (its holder runs long, or dropped its guard) is released in Redis by its holder, or by
+    /// its lease: nothing here is owed to anyone.
+    pub fn is_idle(&self) -> bool {
+        self.state
+            .lock()
+            .map(|mut s| {
+                s.waiters.retain(|w| !w.is_closed());
+                s.queued.retain(|(_, w)| !w.is_closed());
+                let current = s.held && s.since.is_some_and(|t| t.elapsed() < s.quantum);
+                !current && s.parked.is_none() && s.waiters.is_empty() && s.queued.is_empty()
+            })
+            .unwrap_or(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenure(since: Instant) -> Tenure {
+        Tenure {
+            lock: RedisLock::LuaRelease,
+            owner: "a".into(),
+            since,
+            acquired: since,
+            quantum: Duration::from_secs(60),
+            lease: Duration::from_secs(600),
+            renewal: None,
+            tokens: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tenure_goes_to_waiters_in_order_then_parks_then_is_released() {
+        let cohort = Cohort::default();
+        let lua = RedisLock::LuaRelease;
+        assert!(matches!(cohort.join(lua), Joined::Redis));
+        cohort.began(lua, Instant::now(), Duration::from_secs(60));
+        assert!(
+            matches!(cohort.join(RedisLock::Fenced), Joined::Redis),
+            "another strategy's lock is never passed"
+        );
+        let (
+            Joined::Wait { passed: first, .. },
+            Joined::Wait {
+                passed: mut second, ..
+            },
+        ) = (cohort.join(lua), cohort.join(lua))
+        else {
+            panic!("arrivals during a tenure wait here");
+        };
+        drop(first);
+        assert!(matches!(
+            cohort.pass(tenure(Instant::now())),
+            Passed::ToWaiter
+        ));
+        let passed = second
+            .passed()
+            .await
+            .expect("the second, since the first gave up");
+        let Passed::Parked(park) = cohort.pass(passed) else {
+            panic!("nobody waits: parked");
+        };
+        assert!(!cohort.is_idle());
+        assert!(matches!(cohort.join(RedisLock::Watchdog), Joined::Redis));
+        let Joined::Taken(taken) = cohort.join(lua) else {
+            panic!("a parked tenure is taken by the next arrival");
+        };
+        assert!(cohort.unpark(park).is_none(), "taken, so not released");
+        let Passed::Parked(park) = cohort.pass(taken) else {
+            panic!("parked again");
+        };
+        assert!(cohort.unpark(park).is_some());
+        assert!(cohort.is_idle());
+        assert!(matches!(cohort.join(lua), Joined::Redis));
+    }
+
+    #[tokio::test]
+    async fn a_used_quantum_ends_the_tenure_and_sends_waiters_to_redis() {
+        let cohort = Cohort::default();
+        cohort.began(
+            RedisLock::LuaRelease,
+            Instant::now(),
+            Duration::from_secs(60),
+        );
+        let Joined::Wait {
+            passed: mut waiting,
+            ..
+        } = cohort.join(RedisLock::LuaRelease)
+        else {
+            panic!("waits here");
+        };
+        let mut old = tenure(Instant::now() - Duration::from_secs(61));
+        old.quantum = Duration::from_secs(60);
+        assert!(matches!(cohort.pass(old), Passed::Over(_)));
+        assert!(waiting.passed().await.is_none(), "told to go to Redis");
+        assert!(cohort.is_idle());
+    }
+
+    #[test]
+    fn a_tenure_passes_only_within_its_quantum_and_half_its_lease() {
+        let now = Instant::now();
+        assert!(tenure(now).can_pass());
+        let mut waited_long = tenure(now - Duration::from_secs(301));
+        waited_long.acquired = now;
+        assert!(!waited_long.can_pass(), "less than half the lease left");
+        let mut used = tenure(now);
+        used.quantum = Duration::ZERO;
+        assert!(!used.can_pass(), "its quantum is used");
+    }
+
+    #[test]
+    fn tenures_shrink_with_the_queue_behind_them_within_their_bounds() {
+        let longest = Duration::from_millis(5);
+        assert_eq!(quantum(longest, None), longest);
+        assert_eq!(quantum(longest, Some(0)), longest);
+        assert_eq!(quantum(longest, Some(15)), Duration::from_micros(3750));
+        assert_eq!(quantum(longest, Some(63)), Duration::from_nanos(937_500));
+        assert_eq!(quantum(longest, Some(10_000)), MIN_QUANTUM);
+        assert_eq!(quantum(Duration::ZERO, Some(3)), Duration::ZERO);
+        for behind in [0, 1, 7, 99, u64::MAX] {
+            let q = quantum(longest, Some(behind));
+            assert!(
+                q <= longest && q >= MIN_QUANTUM.min(longest),
+                "{behind}: {q:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tokens_drawn_ahead_come_out_once_each_in_order() {
+        let mut t = tenure(Instant::now());
+        t.tokens = Some((5, 7));
+        let drawn: Vec<_> = std::iter::from_fn(|| t.take_token()).collect();
+        assert_eq!(drawn, [5, 6, 7]);
+    }
+}
