@@ -36,6 +36,10 @@
 //! a lock handed to it meanwhile); a cancelled one is marked, and a hand-off that reaches it
 //! is released by the popper at once. The signal list stays for the other strategies.
 //!
+//! Above this, in notify mode, a lock taken from Redis passes between the instance's own
+//! sales for a bounded tenure before it goes back to the queue ([`super::cohort`]); a
+//! hand-off waiter takes such a passed lock too, between its attempts (`passed`).
+//!
 //! `LOCK_WAIT=pubsub` keeps the previous mechanism for comparison: every release is
 //! published to every instance, which wakes one local waiter each, so a release costs one
 //! attempt per instance. `LOCK_WAIT=spin` is the tutorial's fixed 20 ms retry.
