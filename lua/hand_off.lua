@@ -4,7 +4,7 @@
 -- Hands the free lock to the first queued waiter whose entry is still valid (see
 -- lock_queued.lua); false when there is none. Expired entries (a waiter that died or
 -- stopped refreshing) are dropped on the way.
-local function hand_off(lock, fence, queue, entries)
+local function hand_off(lock, fence, queue, entries, inboxes)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while true do
@@ -18,6 +18,9 @@ local function hand_off(lock, fence, queue, entries)
     redis.call('HDEL', entries, who)
     if entry then
       local deadline, inbox, shape, newest, lease = string.match(entry, '^(%d+)|(.+)|(%a+)|(%d+)|(%d+)$')
+      if inbox and redis.call('HINCRBY', inboxes, inbox, -1) <= 0 then
+        redis.call('HDEL', inboxes, inbox)
+      end
       if deadline and tonumber(deadline) > now then
         local token = 0
         if shape == 'string' then
@@ -32,8 +35,12 @@ local function hand_off(lock, fence, queue, entries)
           redis.call('HSET', lock, who, 1)
           redis.call('PEXPIRE', lock, lease)
         end
-        -- How many still wait behind it: the new holder shares its tenure with them.
-        local behind = redis.call('ZCARD', queue)
+        -- How many other instances still wait: the new holder's tenure is shared with them
+        -- (its own instance's waiters are served within the tenure).
+        local behind = redis.call('HLEN', inboxes)
+        if redis.call('HEXISTS', inboxes, inbox) == 1 then
+          behind = behind - 1
+        end
         redis.call('RPUSH', inbox, behind .. '|' .. token .. '|' .. shape .. '|' .. who)
         redis.call('PEXPIRE', inbox, lease)
         return true

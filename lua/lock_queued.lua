@@ -3,7 +3,7 @@
 -- A release hands the lock to the first live waiter (see hand_off.lua):
 -- it writes the lock for that waiter and pushes '<behind>|<token>|<shape>|<owner>' onto the
 -- waiter's instance's inbox list, so the woken waiter already holds the lock (<behind>: how
--- many still wait after it).
+-- many other instances still have waiters queued).
 -- A waiter's entry carries a deadline that the waiter refreshes while it waits; a release
 -- skips entries past their deadline, so a waiter that died stalls nobody.
 -- KEYS[1]: the lock key (a string for shape 'string', a hash owner -> count otherwise)
@@ -11,16 +11,19 @@
 -- KEYS[3]: the queue (a sorted set: owner -> arrival time in microseconds)
 -- KEYS[4]: the entries (a hash: owner -> 'deadline ms|inbox key|shape|newest token|lease ms')
 -- KEYS[5]: this waiter's inbox (a list its instance blocks on)
+-- KEYS[6]: how many queued waiters each instance has (a hash: inbox key -> count)
 -- ARGV[1]: owner id (instance:request)
 -- ARGV[2]: shape: 'string' (lua-release), 'hash' (reentrant, watchdog), 'fenced'
 -- ARGV[3]: lease in milliseconds
 -- ARGV[4]: the newest token the caller has drawn before (0 if none)
 -- ARGV[5]: phase: 'try' (not queued yet), 'wait' (queued: refresh the entry),
---          'leave' (giving up: leave the queue)
+--          'leave' (giving up: leave the queue), 'forget' (leave the queue and nothing
+--          else: the waiter got the lock from a sale of its own instance)
 -- ARGV[6]: how long the entry stays valid without a refresh, in milliseconds
 -- returns: {1, token, behind} when held (taken, re-entered, or handed over while queued;
---          token is 0 unless fenced; behind is how many waiters are queued after it);
---          {0, pttl} when another owner holds it (queued unless leaving)
+--          token is 0 unless fenced; behind is how many other instances have waiters
+--          queued); {0, pttl} when another owner holds it (queued unless leaving);
+--          {0, 0} for 'forget'
 local owner, shape, phase = ARGV[1], ARGV[2], ARGV[5]
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -38,8 +41,25 @@ local function current_token()
 end
 
 local function leave_queue()
-  redis.call('ZREM', KEYS[3], owner)
+  if redis.call('ZREM', KEYS[3], owner) == 1
+      and redis.call('HINCRBY', KEYS[6], KEYS[5], -1) <= 0 then
+    redis.call('HDEL', KEYS[6], KEYS[5])
+  end
   redis.call('HDEL', KEYS[4], owner)
+end
+
+-- Other instances with waiters queued: this one's are served within its tenure.
+local function others_waiting()
+  local n = redis.call('HLEN', KEYS[6])
+  if redis.call('HEXISTS', KEYS[6], KEYS[5]) == 1 then
+    n = n - 1
+  end
+  return n
+end
+
+if phase == 'forget' then
+  leave_queue()
+  return {0, 0}
 end
 
 -- Queued before, and the entry is gone while the lock is ours: a release handed it over.
@@ -54,7 +74,7 @@ if phase ~= 'try' and mine and not queued then
       break
     end
   end
-  return {1, token, redis.call('ZCARD', KEYS[3])}
+  return {1, token, others_waiting()}
 end
 
 if kind == 'none' or (mine and shape ~= 'string') then
@@ -75,7 +95,7 @@ if kind == 'none' or (mine and shape ~= 'string') then
     redis.call('HINCRBY', KEYS[1], owner, 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
   end
-  return {1, token, redis.call('ZCARD', KEYS[3])}
+  return {1, token, others_waiting()}
 end
 
 local pttl = redis.call('PTTL', KEYS[1])
@@ -84,10 +104,13 @@ if phase == 'leave' then
   return {0, pttl}
 end
 -- NX: a refresh keeps the waiter's place in line.
-redis.call('ZADD', KEYS[3], 'NX', now_us, owner)
+if redis.call('ZADD', KEYS[3], 'NX', now_us, owner) == 1 then
+  redis.call('HINCRBY', KEYS[6], KEYS[5], 1)
+end
 redis.call('HSET', KEYS[4], owner, (now + tonumber(ARGV[6])) .. '|' .. KEYS[5] .. '|' .. shape
   .. '|' .. ARGV[4] .. '|' .. ARGV[3])
 -- Forgotten by themselves once nobody refreshes any entry.
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[6]) + 60000)
 redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[6]) + 60000)
+redis.call('PEXPIRE', KEYS[6], tonumber(ARGV[6]) + 60000)
 return {0, pttl}

@@ -3,18 +3,19 @@
 -- (A lock key of another type is a hash lock of another strategy: not ours.)
 -- KEYS[1]: the lock key (a string holding the owner id)
 -- KEYS[2]: the release signal (a list of at most one element; one waiting instance pops it)
--- KEYS[3..5] (optional, together): the waiters' queue, their entries and the fencing
---          counter (see lock_queued.lua); without them nothing is handed over
+-- KEYS[3..6] (optional, together): the waiters' queue, their entries, the fencing counter
+--          and the count of waiters per instance (see lock_queued.lua); without them
+--          nothing is handed over
 -- ARGV[1]: owner id
 -- ARGV[2]: release channel, told when the lock is free so waiters retry at once
 -- ARGV[3]: the command that tells it: PUBLISH, or SPUBLISH on a cluster (sharded pub/sub)
 -- returns: 1 when released (deleted, or handed to the next waiter); 0 when the lock is gone
 --          or belongs to another owner
--- hand_off(lock, fence, queue, entries): see hand_off.lua, loaded in front of this script.
+-- hand_off(lock, fence, queue, entries, inboxes): see hand_off.lua, loaded in front of this script.
 
 if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if #KEYS >= 5 and hand_off(KEYS[1], KEYS[5], KEYS[3], KEYS[4]) then
+  if #KEYS >= 6 and hand_off(KEYS[1], KEYS[5], KEYS[3], KEYS[4], KEYS[6]) then
     return 1
   end
   redis.call(ARGV[3], ARGV[2], ARGV[1])

@@ -3,8 +3,9 @@
 -- (A lock key of another type belongs to another strategy's holder: not ours.)
 -- KEYS[1]: the lock key (a hash, owner -> hold count)
 -- KEYS[2]: the release signal (a list of at most one element; one waiting instance pops it)
--- KEYS[3..5] (optional, together): the waiters' queue, their entries and the fencing
---          counter (see lock_queued.lua); without them nothing is handed over
+-- KEYS[3..6] (optional, together): the waiters' queue, their entries, the fencing counter
+--          and the count of waiters per instance (see lock_queued.lua); without them
+--          nothing is handed over
 -- ARGV[1]: owner id
 -- ARGV[2]: lease in milliseconds, restored while outer levels are still held
 -- ARGV[3]: release channel, told when the lock is free so waiters retry at once
@@ -12,7 +13,7 @@
 -- returns: -1 when this owner does not hold the lock (nothing changed);
 --          0 when outer levels remain (count - 1); 1 when the lock was released (deleted,
 --          or handed to the next waiter)
--- hand_off(lock, fence, queue, entries): see hand_off.lua, loaded in front of this script.
+-- hand_off(lock, fence, queue, entries, inboxes): see hand_off.lua, loaded in front of this script.
 
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   return -1
@@ -22,7 +23,7 @@ if redis.call('HINCRBY', KEYS[1], ARGV[1], -1) > 0 then
   return 0
 end
 redis.call('DEL', KEYS[1])
-if #KEYS >= 5 and hand_off(KEYS[1], KEYS[5], KEYS[3], KEYS[4]) then
+if #KEYS >= 6 and hand_off(KEYS[1], KEYS[5], KEYS[3], KEYS[4], KEYS[6]) then
   return 1
 end
 redis.call(ARGV[4], ARGV[3], ARGV[1])

@@ -84,11 +84,20 @@ impl Contender {
         }
     }
 
+    /// The way of waiting, with the tenure when one is set (`notify:0`).
     pub fn wait(self) -> String {
         match self {
-            Contender::Project { wait, .. } => clap::ValueEnum::to_possible_value(&wait)
-                .map(|v| v.get_name().to_owned())
-                .unwrap_or_default(),
+            Contender::Project {
+                wait, tenure_ms, ..
+            } => {
+                let name = clap::ValueEnum::to_possible_value(&wait)
+                    .map(|v| v.get_name().to_owned())
+                    .unwrap_or_default();
+                match tenure_ms {
+                    Some(ms) => format!("{name}:{ms}"),
+                    None => name,
+                }
+            }
             // rslock retries after a random 0-200 ms sleep, three times per `lock()` call.
             Contender::Rslock => "random-retry".to_owned(),
         }
@@ -96,10 +105,6 @@ impl Contender {
 
     pub fn label(self) -> String {
         match self {
-            Contender::Project {
-                tenure_ms: Some(ms),
-                ..
-            } => format!("{}/{}:{ms}", self.strategy(), self.wait()),
             Contender::Project { .. } => format!("{}/{}", self.strategy(), self.wait()),
             Contender::Rslock => "rslock".to_owned(),
         }

@@ -44,16 +44,17 @@ use super::renewal::Renewal;
 /// local network).
 pub(super) const QUANTUM: Duration = Duration::from_millis(5);
 
-/// What the tenures of everyone queued should add up to: a tenure that begins with N
-/// waiters queued behind it lasts this divided by N + 1 (within [`MIN_QUANTUM`] and the
+/// What the tenures of every instance in line should add up to: a tenure that begins with
+/// N other instances waiting lasts this divided by N + 1 (within [`MIN_QUANTUM`] and the
 /// longest tenure), so the last of them waits about this long plus N hand-offs, however
-/// many there are.
+/// many there are. Instances, not sales: an instance's own waiters are served within its
+/// tenure.
 const ROUND: Duration = Duration::from_millis(60);
 
 /// A tenure shorter than this would end before its second critical section.
 const MIN_QUANTUM: Duration = Duration::from_micros(500);
 
-/// How long a tenure lasts that began with `behind` waiters queued after it (unknown: as
+/// How long a tenure lasts that began with `behind` other instances waiting (unknown: as
 /// if none).
 pub(super) fn quantum(longest: Duration, behind: Option<u64>) -> Duration {
     let share = u32::try_from(behind.unwrap_or(0).saturating_add(1)).unwrap_or(u32::MAX);

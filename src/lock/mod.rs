@@ -3,7 +3,8 @@
 //!
 //! Every Redis strategy implements the same verbs ([`RedisLockOps`]): `try_acquire` (one
 //! attempt, never waits), `release`, and `renew` for those that renew. [`Locks`] adds what
-//! they share: waiting for a held lock ([`wait`]), renewing a lease ([`renewal`]) and the
+//! they share: waiting for a held lock ([`wait`]), passing it between the instance's own
+//! sales for a bounded tenure ([`cohort`]), renewing a lease ([`renewal`]) and the
 //! per-process mutex of `local`. The catalogue (names, flaws, properties) is data in
 //! [`crate::strategy`]; [`on_lock!`] maps each `RedisLock` variant to the type that
 //! implements it, so a new strategy is a file here, a variant and a row there, and one arm
@@ -576,7 +577,7 @@ impl Locks {
             let grant = match acquired {
                 Ok(Acquired::Granted(grant)) => grant,
                 Ok(Acquired::Passed(tenure)) => {
-                    self.leave_redis_queue(owner);
+                    self.leave_redis_queue(lock, owner);
                     match self.take_passed(tenure).await {
                         Some(taken) => return Ok(taken),
                         None => continue,
@@ -618,23 +619,16 @@ impl Locks {
     /// A sale queued in Redis that took a passed lock leaves the queue, so that the release
     /// ending the tenure does not hand the lock to it. Not waited for: until it lands, a
     /// hand-off that reaches the sale is released at once, as for any waiter that is gone.
-    fn leave_redis_queue(&self, owner: &Arc<str>) {
+    fn leave_redis_queue(&self, lock: RedisLock, owner: &Arc<str>) {
+        let (Some(inbox), Some(shape)) = (self.waiter.inbox(), handoff_shape(lock)) else {
+            return;
+        };
         let (store, owner) = (self.cx.store.clone(), owner.clone());
         tokio::spawn(async move {
-            let keys = &store.keys;
-            let left: RedisResult<()> = store
-                .call(|mut c| {
-                    let owner = owner.clone();
-                    async move {
-                        redis::pipe()
-                            .zrem(&keys.queue, &*owner)
-                            .ignore()
-                            .hdel(&keys.queue_entries, &*owner)
-                            .ignore()
-                            .query_async(&mut c)
-                            .await
-                    }
-                })
+            let forget =
+                &scripts::lock_queued(&store.keys, &inbox, &owner, shape, 0, 0, "forget", 0);
+            let left: RedisResult<Vec<i64>> = store
+                .call(|mut c| async move { forget.invoke_async(&mut c).await })
                 .await;
             if let Err(e) = left {
                 tracing::debug!(%owner, error = %e, "leaving the lock queue failed; the entry expires");
@@ -650,16 +644,7 @@ impl Locks {
             Passed::Parked(park) => release_when_unused(self.cohort.clone(), self.cx.clone(), park),
             Passed::Over(tenure) => {
                 let cx = self.cx.clone();
-                tokio::spawn(async move {
-                    let Tenure {
-                        lock,
-                        owner,
-                        renewal,
-                        ..
-                    } = tenure;
-                    drop(renewal);
-                    end_tenure(&cx, lock, owner).await.ok();
-                });
+                tokio::spawn(async move { end_tenure(&cx, tenure).await.ok() });
             }
         }
     }
@@ -700,30 +685,17 @@ impl Locks {
                     tracing::debug!(error = %e, "drawing fencing tokens for a passed lock failed");
                 }
                 self.cohort.abandoned();
-                self.end_tenure(tenure).await.ok();
+                end_tenure(&self.cx, tenure).await.ok();
                 None
             }
         }
-    }
-
-    /// Gives a tenure's lock back to Redis (whose release hands it to the next waiter in
-    /// line); a failed release is retried in the background, as any other.
-    async fn end_tenure(&self, tenure: Tenure) -> RedisResult<Released> {
-        let Tenure {
-            lock,
-            owner,
-            renewal,
-            ..
-        } = tenure;
-        drop(renewal);
-        end_tenure(&self.cx, lock, owner).await
     }
 
     /// Releases in Redis a lock parked for this instance's next sale, at once: for a process
     /// about to exit, which would otherwise leave it to its lease.
     pub async fn close(&self) {
         if let Some(tenure) = self.cohort.take_parked() {
-            self.end_tenure(tenure).await.ok();
+            end_tenure(&self.cx, tenure).await.ok();
         }
     }
 
@@ -755,7 +727,7 @@ impl Locks {
                     release_when_unused(self.cohort.clone(), self.cx.clone(), park);
                     Released::Freed
                 }
-                Passed::Over(tenure) => self.end_tenure(tenure).await?,
+                Passed::Over(tenure) => end_tenure(&self.cx, tenure).await?,
             },
             Hold::Redis(lock, renewal) => {
                 // Stop renewing first: a renewal racing the release is harmless (it only
@@ -841,22 +813,25 @@ impl Locks {
 fn release_when_unused(cohort: Arc<Cohort>, cx: LockCx, park: u64) {
     tokio::spawn(async move {
         tokio::task::yield_now().await;
-        if let Some(Tenure {
-            lock,
-            owner,
-            renewal,
-            ..
-        }) = cohort.unpark(park)
-        {
-            drop(renewal);
-            let released = end_tenure(&cx, lock, owner.clone()).await;
+        if let Some(tenure) = cohort.unpark(park) {
+            let owner = tenure.owner.clone();
+            let released = end_tenure(&cx, tenure).await;
             tracing::debug!(%owner, ?released, "lock released after its tenure, nobody here wanting it");
         }
     });
 }
 
-/// The release that ends a tenure; when it fails, retried as [`Locks::release_later`] does.
-async fn end_tenure(cx: &LockCx, lock: RedisLock, owner: Arc<str>) -> RedisResult<Released> {
+/// Gives a tenure's lock back to Redis, whose release hands it to the next waiter in line;
+/// when it fails, retried as [`Locks::release_later`] does.
+async fn end_tenure(cx: &LockCx, tenure: Tenure) -> RedisResult<Released> {
+    let Tenure {
+        lock,
+        owner,
+        renewal,
+        ..
+    } = tenure;
+    // Stop renewing first: no point extending a lease about to be given up.
+    drop(renewal);
     let released = release_redis(cx, lock, &owner).await;
     if released.is_err() {
         retry_release(

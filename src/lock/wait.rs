@@ -158,6 +158,14 @@ impl Waiter {
         }
     }
 
+    /// This instance's inbox, where the releases hand it locks (`notify` only).
+    pub fn inbox(&self) -> Option<Arc<str>> {
+        match &self.backend {
+            Backend::Queue(queue) => Some(queue.inbox.clone()),
+            Backend::Spin | Backend::PubSub { .. } => None,
+        }
+    }
+
     pub fn attempts(&self) -> u64 {
         self.attempts.load(Ordering::Relaxed)
     }

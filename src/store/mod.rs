@@ -289,6 +289,9 @@ pub struct Keys {
     /// and a hash of their entries.
     pub queue: String,
     pub queue_entries: String,
+    /// How many of the queued waiters each instance has (inbox -> count): how many
+    /// instances wait, which is how a tenure is shared ([`crate::lock`]'s cohort).
+    pub queue_inboxes: String,
     /// The channel of the `REPLICA_ACKS` barrier on a cluster (see [`AckWait`]).
     pub wait_barrier: String,
     idempotency_prefix: String,
@@ -317,6 +320,7 @@ impl Keys {
             signal: key("lock:signal"),
             queue: key("lock:queue"),
             queue_entries: key("lock:entries"),
+            queue_inboxes: key("lock:inboxes"),
             wait_barrier: key("wait-barrier"),
             idempotency_prefix: key("idem:"),
             sharded: false,
@@ -1166,6 +1170,7 @@ mod tests {
             signal,
             queue,
             queue_entries,
+            queue_inboxes,
             wait_barrier,
             idempotency_prefix: _,
             sharded: _,
@@ -1187,6 +1192,7 @@ mod tests {
             signal,
             queue,
             queue_entries,
+            queue_inboxes,
             wait_barrier,
         ]
         .into_iter()

@@ -67,6 +67,7 @@ pub fn unlock_reentrant(keys: &Keys, owner: &str, ttl_ms: u64) -> ScriptInvocati
         .key(&keys.queue)
         .key(&keys.queue_entries)
         .key(&keys.fence)
+        .key(&keys.queue_inboxes)
         .arg(owner)
         .arg(ttl_ms)
         .arg(&keys.released)
@@ -82,14 +83,16 @@ pub fn unlock_owned(lock: &str, keys: &Keys, owner: &str) -> ScriptInvocation<'s
         .key(&keys.queue)
         .key(&keys.queue_entries)
         .key(&keys.fence)
+        .key(&keys.queue_inboxes)
         .arg(owner)
         .arg(&keys.released)
         .arg(keys.publish());
     i
 }
 
-/// Takes the lock, or joins (stays in, leaves) its queue of waiters: `{1, token}` when
-/// held, `{0, pttl}` when another owner holds it. See `lua/lock_queued.lua`.
+/// Takes the lock, or joins (stays in, leaves, forgets) its queue of waiters: `{1, token,
+/// instances behind}` when held, `{0, pttl}` when another owner holds it. See
+/// `lua/lock_queued.lua`.
 #[allow(clippy::too_many_arguments)]
 pub fn lock_queued(
     keys: &Keys,
@@ -106,6 +109,7 @@ pub fn lock_queued(
         .key(&keys.queue)
         .key(&keys.queue_entries)
         .key(inbox)
+        .key(&keys.queue_inboxes)
         .arg(owner)
         .arg(shape)
         .arg(ttl_ms)

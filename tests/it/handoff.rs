@@ -79,29 +79,42 @@ async fn a_waiter_that_dies_while_queued_does_not_stall_the_next_one() {
     assert_eq!(c.llen::<_, i64>(&k.signal).await.unwrap(), 1);
 }
 
-/// The hand-off says how many still wait behind the new holder (its tenure is shared with
-/// them), and the holder's own attempt still takes that message back.
+/// The hand-off says how many other instances still have waiters queued (the new holder's
+/// tenure is shared with them, its own instance's waiters are served within it), and the
+/// holder's own attempt still takes that message back. A waiter that leaves, or forgets
+/// its place because its own instance passed it the lock, is no longer counted.
 #[tokio::test]
-async fn a_hand_off_counts_the_waiters_behind_and_is_taken_back_whatever_the_count() {
+async fn a_hand_off_counts_the_other_instances_waiting_and_is_taken_back_whatever_the_count() {
     let redis = RedisServer::start().await;
     let mut c = redis.conn().await;
     let k = Keys::new("001");
     assert_eq!(attempt(&mut c, &k, "a", "inbox:a", "try", 1000).await.0, 1);
-    for waiter in ["b", "c", "d"] {
-        let inbox = format!("inbox:{waiter}");
+    // Instance x queues b; instance y queues c and d; instance z queues e, then forgets it.
+    for (waiter, inbox) in [("b", "x"), ("c", "y"), ("d", "y"), ("e", "z")] {
+        let inbox = format!("inbox:{inbox}");
         assert_eq!(attempt(&mut c, &k, waiter, &inbox, "try", 5000).await.0, 0);
     }
-    assert_eq!(release(&mut c, &k, "a").await, 1);
-    let to_b: Vec<String> = c.lrange("inbox:b", 0, -1).await.unwrap();
-    assert_eq!(to_b, ["2|0|string|b"]);
     assert_eq!(
-        attempt(&mut c, &k, "b", "inbox:b", "wait", 5000).await,
+        attempt(&mut c, &k, "e", "inbox:z", "forget", 5000).await,
+        (0, 0)
+    );
+    assert_eq!(release(&mut c, &k, "a").await, 1);
+    let to_x: Vec<String> = c.lrange("inbox:x", 0, -1).await.unwrap();
+    assert_eq!(to_x, ["1|0|string|b"], "only y waits besides x");
+    assert_eq!(
+        attempt(&mut c, &k, "b", "inbox:x", "wait", 5000).await,
         (1, 0)
     );
-    assert_eq!(c.llen::<_, i64>("inbox:b").await.unwrap(), 0);
+    assert_eq!(c.llen::<_, i64>("inbox:x").await.unwrap(), 0);
     assert_eq!(release(&mut c, &k, "b").await, 1);
-    let to_c: Vec<String> = c.lrange("inbox:c", 0, -1).await.unwrap();
-    assert_eq!(to_c, ["1|0|string|c"]);
+    let to_y: Vec<String> = c.lrange("inbox:y", 0, -1).await.unwrap();
+    assert_eq!(to_y, ["0|0|string|c"], "d is y's own: nobody else waits");
+    assert_eq!(
+        attempt(&mut c, &k, "d", "inbox:y", "leave", 5000).await.0,
+        0
+    );
+    let counts: std::collections::HashMap<String, i64> = c.hgetall(&k.queue_inboxes).await.unwrap();
+    assert!(counts.is_empty(), "{counts:?}");
 }
 
 #[tokio::test]
