@@ -738,6 +738,13 @@ async fn attack_an_idempotency_key_across_a_reset_never_sells_twice() {
     app.reset(10).await;
     let sold = app.sale_with_key("strategy=fenced", "across-reset-1").await;
     assert_eq!(sold.status, 200);
+    // A tenure may keep the first sale's lock parked for a moment after its answer: the
+    // lock key seen below must be the next sale's.
+    cluster
+        .redis
+        .wait_for_key(&lock_key(), false, Duration::from_secs(5))
+        .await
+        .unwrap();
     // Crossed by a reset: refused, key freed.
     let crossed = app.sale_with_key("strategy=lua-release&work_ms=500", "across-reset-2");
     let reset = async {
