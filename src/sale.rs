@@ -366,7 +366,7 @@ impl Seller {
     }
 
     async fn sell_atomic(&self, item: &Item, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
-        work(attempt.request.work).await;
+        work(Instant::now(), attempt.request.work).await;
         let recorded = atomic_sell(item.store(), &attempt.entry(&self.instance))
             .await
             .map_err(after_write)?;
@@ -435,12 +435,15 @@ impl Seller {
                 });
             }
         };
+        // The work starts at the read, before anyone hears of it: a process frozen right after
+        // this event wakes with its work over, as a process back from a long pause does.
+        let read_at = Instant::now();
         tracing::debug!(event = crate::events::Event::StockRead.name(), %order_id, stock, fence, "stock read");
         let stock = stock.ok_or(SaleError::UnknownItem)?;
         if stock <= 0 {
             return Err(SaleError::SoldOut);
         }
-        work(attempt.request.work).await;
+        work(read_at, attempt.request.work).await;
         if guard.is_lost() {
             return Err(SaleError::LockLost);
         }
@@ -502,9 +505,9 @@ impl Seller {
 
 /// The business step. A zero-length sleep still waits for the next timer tick (about a
 /// millisecond, with the lock held), so no work means no sleep at all.
-async fn work(duration: Duration) {
+async fn work(from: Instant, duration: Duration) {
     if !duration.is_zero() {
-        tokio::time::sleep(duration).await;
+        tokio::time::sleep_until(from + duration).await;
     }
 }
 
