@@ -60,7 +60,8 @@ impl Item {
     }
 }
 
-/// Every item's lock machinery in this instance.
+/// Every item's lock machinery in this instance. Clones share it.
+#[derive(Clone)]
 pub struct Items {
     default: Arc<Item>,
     others: Arc<Mutex<HashMap<String, Tracked>>>,
@@ -112,6 +113,19 @@ impl Items {
             self.default.store().metrics().items_live(others.len());
         }
         item
+    }
+
+    /// Gives back the locks this instance still keeps parked between its own sales (see
+    /// [`crate::lock::cohort`]), so that an instance stopping does not leave the others
+    /// waiting for a lease to run out.
+    pub async fn close(&self) {
+        let others: Vec<Arc<Item>> = {
+            let others = self.others.lock().unwrap_or_else(|p| p.into_inner());
+            others.values().map(|t| t.item.clone()).collect()
+        };
+        for item in std::iter::once(&self.default).chain(&others) {
+            item.locks.close().await;
+        }
     }
 
     /// A store for the item, for reads and resets, which need no lock machinery.

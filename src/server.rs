@@ -23,7 +23,7 @@ use crate::store::Store;
 /// Builds the application; must be called inside a Tokio runtime. Redis is not waited for:
 /// an instance starts while Redis is down, reports not-ready, and connects as soon as it
 /// can; a task only says at start-up what is wrong with it, if anything.
-pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
+pub fn build(config: &Config) -> anyhow::Result<(axum::Router, Items)> {
     let instance = config.instance_name();
     // The URL may hold a password: it stays out of the error.
     let metrics = Arc::new(Metrics::default());
@@ -61,10 +61,11 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
     .with_tenure(Duration::from_millis(config.lock_tenure_ms))
     .with_nodes(lock_nodes(config, metrics)?);
     check_quorum_setup(config, locks.nodes())?;
+    let items = Items::new(locks, config.item_idle());
     let state = AppState {
         seller: Seller {
             instance: instance.clone(),
-            items: Items::new(locks, config.item_idle()),
+            items: items.clone(),
             wait_budget: config.lock_wait(),
             idempotency_keep: Duration::from_secs(config.idempotency_ttl_s),
         },
@@ -73,7 +74,7 @@ pub fn build(config: &Config) -> anyhow::Result<axum::Router> {
         max_work: config.max_work(),
         body_timeout: config.header_timeout(),
     };
-    http::app(state, &instance)
+    Ok((http::app(state, &instance)?, items))
 }
 
 /// One store per `LOCK_NODES` node, each with the item's key names and its own connection;
@@ -111,7 +112,7 @@ fn lock_nodes(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Vec<Stor
 /// request's headers (which also closes idle keep-alive connections), and a cap on open
 /// connections (past it, new ones wait in the kernel's backlog instead of costing memory).
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let app = build(&config)?;
+    let (app, items) = build(&config)?;
     let addr = (config.bind_addr, config.port);
     let listener = TcpListener::bind(addr)
         .await
@@ -177,6 +178,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             "requests still in flight after the grace period; exiting (their locks expire with their leases)"
         );
     }
+    items.close().await;
     tracing::info!("stopped");
     Ok(())
 }

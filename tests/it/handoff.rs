@@ -435,3 +435,48 @@ async fn a_lock_handed_to_a_cancelled_waiter_passes_on_at_once() {
     // b's hand-off drew token 2 and was released; c drew 3.
     assert_eq!(fence, Some(3));
 }
+
+/// An instance stopping right after a sale, before its scheduler ever runs the task that would
+/// give back the lock parked for a next sale: closing its locks gives it back, so the other
+/// instances do not wait out a 30 s lease. Two runtimes, so that the one that sold can end
+/// with that task never run, as a process's does when `main` returns.
+#[test]
+fn a_closed_instance_gives_back_its_parked_lock_even_when_its_runtime_ends_at_once() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let outside = runtime();
+    let redis = outside.block_on(RedisServer::start());
+    let lock_key = Keys::new("001").lock;
+    for close in [false, true] {
+        let selling = runtime();
+        selling.block_on(async {
+            let (_s, locks) = locks(&redis);
+            let locks = locks.with_tenure(Duration::from_millis(1000));
+            let owner: Arc<str> = format!("sale-{close}").into();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let strategy = Strategy::Redis(RedisLock::Fenced);
+            let guard = locks
+                .acquire(strategy, &owner, deadline, false)
+                .await
+                .unwrap();
+            locks.release(guard).await.unwrap();
+            if close {
+                locks.close().await;
+            }
+        });
+        drop(selling);
+        let left = outside.block_on(async {
+            let client = redis::Client::open(redis.url()).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let left: bool = c.exists(&lock_key).await.unwrap();
+            let _: () = c.del(&lock_key).await.unwrap();
+            left
+        });
+        // Without the close, the lock outlives the process: the reason the server closes.
+        assert_eq!(left, !close, "close={close}");
+    }
+}

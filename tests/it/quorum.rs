@@ -147,11 +147,17 @@ async fn bad_lock_node_settings_are_refused_at_start_up_by_name_and_without_the_
         "redis://:s3cret@127.0.0.1:1,tcp://:s3cret@h:2",
     ])
     .unwrap();
-    let err = inventory::server::build(&config).unwrap_err().to_string();
+    let err = inventory::server::build(&config)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains("node 2") && !err.contains("s3cret"), "{err}");
 
     let config = parse(&["--lock-strategy", "redlock"]).unwrap();
-    let err = inventory::server::build(&config).unwrap_err().to_string();
+    let err = inventory::server::build(&config)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains("LOCK_NODES"), "{err}");
 
     // An unreachable node is named in the log (never with its password), and the instance
