@@ -312,9 +312,12 @@ wait_ready() {
   local deadline=$((SECONDS + READY_TIMEOUT_S)) url
   for url in "http://127.0.0.1:$APP1_PORT/ready" "http://127.0.0.1:$APP2_PORT/ready" \
              "http://127.0.0.1:$NGINX_PORT/ready"; do
-    until curl -fsS -o /dev/null --max-time 2 "$url"; do
+    # Quiet while it starts (a 503 until Redis answers is expected); the last answer is shown
+    # when it never comes.
+    until curl -fs -o /dev/null --max-time 2 "$url"; do
       if [ $SECONDS -ge $deadline ]; then
         tail -n 20 "$RUN_DIR"/*.log >&2 || true
+        curl -fsS -o /dev/null --max-time 2 "$url" || true
         die "$url did not answer within ${READY_TIMEOUT_S}s"
       fi
       sleep 0.2
