@@ -24,6 +24,12 @@
 //! - A sale that arrives while a sale here holds the lock waits here, not in Redis, and only
 //!   for the rest of the tenure: when the tenure ends it goes to Redis and queues behind
 //!   the other instances.
+//! - One sale per instance stands in the Redis queue for a strategy's lock: a sale arriving
+//!   while one of its instance's sales is queued there waits here behind it, and takes the
+//!   lock that sale's tenure passes on. Redis then sees an instance, not each of its sales:
+//!   no enqueue and no leave per sale. A waiter behind a sale that left the queue without
+//!   the lock (its deadline, its request gone) goes to Redis itself, at once when that sale
+//!   gave up and within [`BEHIND_RECHECK`] when it was cancelled.
 //!
 //! What it costs: a sale arriving at another instance waits for a whole tenure, not one
 //! critical section; and a lock nobody here wants is kept one scheduler turn before its
@@ -65,6 +71,10 @@ pub(super) fn quantum(longest: Duration, behind: Option<u64>) -> Duration {
 /// A holder that is slower than that (long work, or a guard dropped without a release)
 /// will release in Redis anyway: the waiter queues there instead of waiting for nothing.
 const WAIT_SLACK: Duration = Duration::from_millis(10);
+
+/// How often a sale waiting behind its instance's sale in the Redis queue looks whether that
+/// sale still stands there: only a cancelled one leaves without saying so.
+const BEHIND_RECHECK: Duration = Duration::from_millis(50);
 
 /// Fencing tokens drawn at once for the passes of one tenure.
 pub(super) const TOKEN_BLOCK: u64 = 16;
@@ -111,6 +121,9 @@ pub(super) enum Joined {
     /// A sale here holds it within its quantum: wait for it to be passed, until `until` at
     /// most (a closed channel means the tenure ended: go to Redis).
     Wait { passed: Passing, until: Instant },
+    /// A sale here stands in the Redis queue for it: wait for the tenure it will pass on,
+    /// until `until` at most, then join again (a closed channel: join again at once).
+    Behind { passed: Passing, until: Instant },
     /// Not held here, or its quantum is used: ask Redis.
     Redis,
 }
@@ -183,8 +196,9 @@ struct State {
     quantum: Duration,
     parked: Option<(Tenure, u64)>,
     parks: u64,
-    /// Sales that arrived during the tenure and wait here for it.
-    waiters: VecDeque<oneshot::Sender<Tenure>>,
+    /// Sales that arrived during the tenure, or behind a sale in the Redis queue, and wait
+    /// here, by strategy.
+    waiters: VecDeque<(RedisLock, oneshot::Sender<Tenure>)>,
     /// Sales of this instance queued in Redis, by strategy, that take a passed lock too
     /// (they have waited longer than `waiters`, so they come first). They stay through
     /// the end of a tenure: they are in the Redis queue already.
@@ -192,6 +206,13 @@ struct State {
 }
 
 impl State {
+    /// Registers a sale waiting here for a tenure of `lock`.
+    fn wait(&mut self, lock: RedisLock) -> Passing {
+        let (tx, rx) = oneshot::channel();
+        self.waiters.push_back((lock, tx));
+        Passing(Some(rx))
+    }
+
     /// Ends the tenure here: the sales waiting for it go to Redis (their channels close).
     fn end(&mut self) {
         self.held = false;
@@ -207,26 +228,45 @@ impl Cohort {
         let Ok(mut state) = self.state.lock() else {
             return Joined::Redis;
         };
-        if state.lock != Some(lock) {
-            return Joined::Redis;
-        }
-        if let Some((tenure, _)) = state.parked.take() {
-            if tenure.can_pass() {
-                return Joined::Taken(tenure);
-            }
-            state.parked = Some((tenure, state.parks));
-            return Joined::Redis;
-        }
-        match state.since {
-            Some(since) if state.held && since.elapsed() < state.quantum => {
-                let (tx, rx) = oneshot::channel();
-                state.waiters.push_back(tx);
-                Joined::Wait {
-                    passed: Passing(Some(rx)),
-                    until: since + state.quantum + WAIT_SLACK,
+        if state.lock == Some(lock) {
+            if let Some((tenure, park)) = state.parked.take() {
+                if tenure.can_pass() {
+                    return Joined::Taken(tenure);
                 }
+                state.parked = Some((tenure, park));
+            } else if let Some(since) = state.since
+                && state.held
+                && since.elapsed() < state.quantum
+            {
+                let passed = state.wait(lock);
+                return Joined::Wait {
+                    passed,
+                    until: since + state.quantum + WAIT_SLACK,
+                };
             }
-            _ => Joined::Redis,
+        }
+        state.queued.retain(|(_, w)| !w.is_closed());
+        if state.queued.iter().any(|(l, _)| *l == lock) {
+            let passed = state.wait(lock);
+            return Joined::Behind {
+                passed,
+                until: Instant::now() + BEHIND_RECHECK,
+            };
+        }
+        Joined::Redis
+    }
+
+    /// A sale of this instance left the Redis queue for `lock` without the lock (it gave up,
+    /// or Redis failed): if none stands there any more, the sales waiting behind it go to
+    /// Redis themselves now (their channels close), unless a tenure here will serve them.
+    pub fn left_redis_queue(&self, lock: RedisLock) {
+        if let Ok(mut state) = self.state.lock() {
+            state.queued.retain(|(_, w)| !w.is_closed());
+            let standing = state.queued.iter().any(|(l, _)| *l == lock);
+            let serving = state.held && state.lock == Some(lock);
+            if !(standing || serving) {
+                state.waiters.retain(|(l, _)| *l != lock);
+            }
         }
     }
 
@@ -274,7 +314,10 @@ impl Cohort {
                 Err(back) => tenure = back,
             }
         }
-        while let Some(waiter) = state.waiters.pop_front() {
+        while let Some(i) = state.waiters.iter().position(|(l, _)| *l == tenure.lock) {
+            let Some((_, waiter)) = state.waiters.remove(i) else {
+                break;
+            };
             match waiter.send(tenure) {
                 Ok(()) => return Passed::ToWaiter,
                 Err(back) => tenure = back,
@@ -325,7 +368,7 @@ impl Cohort {
         self.state
             .lock()
             .map(|mut s| {
-                s.waiters.retain(|w| !w.is_closed());
+                s.waiters.retain(|(_, w)| !w.is_closed());
                 s.queued.retain(|(_, w)| !w.is_closed());
                 let current = s.held && s.since.is_some_and(|t| t.elapsed() < s.quantum);
                 !current && s.parked.is_none() && s.waiters.is_empty() && s.queued.is_empty()
@@ -416,6 +459,63 @@ mod tests {
         assert!(matches!(cohort.pass(old), Passed::Over(_)));
         assert!(waiting.passed().await.is_none(), "told to go to Redis");
         assert!(cohort.is_idle());
+    }
+
+    #[tokio::test]
+    async fn sales_wait_here_behind_their_instances_sale_in_the_redis_queue_for_its_strategy_only()
+    {
+        let cohort = Cohort::default();
+        let (lua, fenced) = (RedisLock::LuaRelease, RedisLock::Fenced);
+        let mut standing = cohort.queued_in_redis(lua);
+        let Joined::Behind {
+            passed: mut behind, ..
+        } = cohort.join(lua)
+        else {
+            panic!("one sale of an instance stands in the Redis queue, the next waits here");
+        };
+        assert!(
+            matches!(cohort.join(fenced), Joined::Redis),
+            "behind a sale of the same strategy only"
+        );
+        // The standing sale is handed the lock by Redis: its tenure serves the one behind.
+        cohort.began(lua, Instant::now(), Duration::from_secs(60));
+        assert!(standing.close().is_none());
+        cohort.left_redis_queue(lua);
+        assert!(matches!(
+            cohort.pass(tenure(Instant::now())),
+            Passed::ToWaiter
+        ));
+        assert!(behind.passed().await.is_some());
+
+        // A standing sale that gives up sends the ones behind it to Redis at once.
+        let cohort = Cohort::default();
+        let mut standing = cohort.queued_in_redis(lua);
+        let Joined::Behind {
+            passed: mut behind, ..
+        } = cohort.join(lua)
+        else {
+            panic!("waits behind");
+        };
+        let _other = cohort.queued_in_redis(fenced);
+        assert!(standing.close().is_none());
+        cohort.left_redis_queue(lua);
+        assert!(behind.passed().await.is_none(), "told to join again");
+        assert!(matches!(cohort.join(lua), Joined::Redis), "and now first");
+
+        // A fenced tenure never goes to a sale waiting behind a `lua-release` sale.
+        let cohort = Cohort::default();
+        let _standing = cohort.queued_in_redis(lua);
+        let Joined::Behind {
+            passed: mut behind, ..
+        } = cohort.join(lua)
+        else {
+            panic!("waits behind");
+        };
+        cohort.began(fenced, Instant::now(), Duration::from_secs(60));
+        let mut other = tenure(Instant::now());
+        other.lock = fenced;
+        assert!(matches!(cohort.pass(other), Passed::Parked(_)));
+        assert!(behind.close().is_none());
     }
 
     #[test]

@@ -544,10 +544,20 @@ impl Locks {
         loop {
             let passed = match self.cohort.join(lock) {
                 Joined::Taken(tenure) => Some(tenure),
-                Joined::Wait { mut passed, until } => {
+                Joined::Wait { mut passed, until } | Joined::Behind { mut passed, until } => {
                     let waited = tokio::time::timeout_at(until.min(deadline), passed.passed());
                     // One passed just as the wait ended is taken all the same.
-                    waited.await.ok().flatten().or_else(|| passed.close())
+                    match waited.await.ok().flatten().or_else(|| passed.close()) {
+                        Some(tenure) => Some(tenure),
+                        None if Instant::now() >= deadline => {
+                            return Err(LockError::Timeout {
+                                waited: started.elapsed(),
+                            });
+                        }
+                        // The tenure ended, or the wait did: join again, behind this
+                        // instance's sale in the Redis queue if one stands there, or first.
+                        None => continue,
+                    }
                 }
                 Joined::Redis => None,
             };
@@ -587,6 +597,7 @@ impl Locks {
                     if let Some(tenure) = late {
                         self.hand_back(tenure);
                     }
+                    self.cohort.left_redis_queue(lock);
                     return Err(e);
                 }
             };

@@ -480,3 +480,63 @@ fn a_closed_instance_gives_back_its_parked_lock_even_when_its_runtime_ends_at_on
         assert_eq!(left, !close, "close={close}");
     }
 }
+
+/// Eight sales of one instance wanting a lock that another instance holds: one of them stands
+/// in the Redis queue, the others wait behind it here; when the lock comes, all eight have it
+/// in turn, one owner at a time, with a handful of attempts in Redis rather than one (and a
+/// leave) per sale.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instances_sales_stand_once_in_the_redis_queue_and_all_get_the_lock() {
+    let redis = RedisServer::start().await;
+    let (_s1, holder) = locks(&redis);
+    let (store, queued) = locks(&redis);
+    // A tenure long enough for all eight, however slow the machine.
+    let queued = Arc::new(queued.with_tenure(Duration::from_millis(1000)));
+    let strategy = Strategy::Redis(RedisLock::Fenced);
+    let a: Arc<str> = "holder".into();
+    let far = || Instant::now() + Duration::from_secs(10);
+    let held = holder.acquire(strategy, &a, far(), false).await.unwrap();
+    let inside = Arc::new(AtomicBool::new(false));
+    let sales: Vec<_> = (0..8)
+        .map(|n| {
+            let (queued, inside) = (queued.clone(), inside.clone());
+            tokio::spawn(async move {
+                let owner: Arc<str> = format!("sale{n}").into();
+                let guard = queued.acquire(strategy, &owner, far(), false).await?;
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.store(false, Ordering::SeqCst);
+                let fence = guard.fence();
+                queued.release(guard).await?;
+                Ok::<_, LockError>(fence)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut c = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let standing: u64 = c.zcard(&store.keys.queue).await.unwrap();
+    assert_eq!(standing, 1, "one sale of the instance in the Redis queue");
+    let attempts_before = queued.attempts();
+    holder.release(held).await.unwrap();
+    let mut fences = Vec::new();
+    for sale in sales {
+        let fence = tokio::time::timeout(Duration::from_secs(5), sale)
+            .await
+            .expect("every sale gets the lock")
+            .unwrap()
+            .unwrap();
+        fences.push(fence.expect("a fenced sale has a token"));
+    }
+    fences.sort_unstable();
+    fences.dedup();
+    assert_eq!(fences.len(), 8, "a token of its own each: {fences:?}");
+    assert!(
+        queued.attempts() - attempts_before <= 3,
+        "{} attempts after the release",
+        queued.attempts() - attempts_before
+    );
+}
