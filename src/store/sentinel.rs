@@ -136,7 +136,16 @@ impl Backend {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        // RESP3 for the shared connection: the manager then hears of the connection's end
+        // (Redis restarted, a failover) when it happens and reconnects at once, rather than
+        // when the next request writes into the dead connection and fails with it.
+        let info = client.get_connection_info().clone();
+        let resp3 = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let managed = Client::open(info.set_redis_settings(resp3))?;
+        let conn = ConnectionManager::new_lazy_with_config(managed, config)?;
         let pool = super::build_pool(client.get_connection_info().clone(), timeout, pool)?;
         Ok(Self { conn, pool, client })
     }

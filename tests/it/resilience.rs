@@ -497,3 +497,37 @@ async fn oversized_bodies_are_refused() {
     let reply = app.put_inventory(&body, None).await;
     assert_eq!(reply.status, 413, "{reply:?}");
 }
+
+/// Redis restarted while an instance sat idle: the instance's shared connection is dead, and
+/// it learns so only by writing into it. The first request after the return must not pay
+/// for that with a 503: a command written into a closed connection reached no Redis, so it
+/// is sent again on the new one. Each kind of first request: locked sales, an atomic one,
+/// a restock, a read.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_request_after_redis_restarted_behind_an_idle_instance_succeeds() {
+    let mut redis = RedisServer::start_durable().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .start()
+        .await;
+    app.reset(100).await;
+    assert_eq!(app.sale("strategy=fenced").await.status, 200);
+    for first in [
+        "strategy=fenced",
+        "strategy=lua-release",
+        "strategy=atomic",
+        "strategy=setnx-ttl",
+        "restock",
+        "audit",
+    ] {
+        redis.restart().await;
+        // Idle long enough for the old connection's end to have arrived.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let reply = match first {
+            "restock" => app.put_inventory(r#"{"stock": 100}"#, None).await,
+            "audit" => app.get("/inventory/audit").await,
+            sale => app.sale(sale).await,
+        };
+        assert_eq!(reply.status, 200, "{first}: {reply:?}\n{}", app.log());
+    }
+}
