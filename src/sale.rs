@@ -394,19 +394,19 @@ impl Seller {
         let deadline = Instant::now() + self.wait_budget;
         let strategy = attempt.request.strategy;
         let locks = &item.locks;
-        let guard = locks.acquire(strategy, &owner, deadline, false).await?;
+        let mut guard = locks.acquire(strategy, &owner, deadline, false).await?;
         let outcome = if attempt.request.reenter {
             // The nested acquisition that non-reentrant locks cannot survive.
             match locks.reenter(&guard, deadline).await {
                 Ok(inner) => {
-                    let outcome = self.read_work_write(item, &guard, attempt).await;
+                    let outcome = self.read_work_write(item, &mut guard, attempt).await;
                     self.release(item, inner).await;
                     outcome
                 }
                 Err(e) => Err(e.into()),
             }
         } else {
-            self.read_work_write(item, &guard, attempt).await
+            self.read_work_write(item, &mut guard, attempt).await
         };
         self.release(item, guard).await;
         outcome
@@ -415,7 +415,7 @@ impl Seller {
     async fn read_work_write(
         &self,
         item: &Item,
-        guard: &Guard,
+        guard: &mut Guard,
         attempt: &SaleAttempt,
     ) -> Result<Sold, SaleError> {
         let store = item.store();
@@ -426,7 +426,13 @@ impl Seller {
         } else {
             LockKind::SingleNode
         };
-        let (stock, seen) = match store.read_for_sale(kind, fence).await? {
+        // Within a tenure the sale before this one may have read for it, behind its write.
+        let prefetched = guard.take_prefetched();
+        let read = match prefetched {
+            Some(read) => read,
+            None => store.read_for_sale(kind, fence).await?,
+        };
+        let (stock, seen) = match read {
             StockRead::Current { stock, seen } => (stock, seen),
             StockRead::Stale { newest } => {
                 return Err(SaleError::StaleFence {
@@ -438,7 +444,7 @@ impl Seller {
         // The work starts at the read, before anyone hears of it: a process frozen right after
         // this event wakes with its work over, as a process back from a long pause does.
         let read_at = Instant::now();
-        tracing::debug!(event = crate::events::Event::StockRead.name(), %order_id, stock, fence, "stock read");
+        tracing::debug!(event = crate::events::Event::StockRead.name(), %order_id, stock, fence, prefetched = prefetched.is_some(), "stock read");
         let stock = stock.ok_or(SaleError::UnknownItem)?;
         if stock <= 0 {
             return Err(SaleError::SoldOut);
@@ -447,10 +453,24 @@ impl Seller {
         if guard.is_lost() {
             return Err(SaleError::LockLost);
         }
-        let recorded = store
-            .record_sale(stock - 1, &attempt.entry(&self.instance), fence, seen)
-            .await
-            .map_err(after_write)?;
+        let entry = attempt.entry(&self.instance);
+        let recorded = match item.locks.next_read(guard) {
+            // A sale of this instance waits for the tenure: its read rides behind this write.
+            Some(next_fence) => {
+                let (recorded, next) = store
+                    .record_sale_then_read(stock - 1, &entry, fence, seen, next_fence)
+                    .await
+                    .map_err(after_write)?;
+                if let Some(read) = next {
+                    item.locks.keep_next_read(guard, next_fence, read);
+                }
+                recorded
+            }
+            None => store
+                .record_sale(stock - 1, &entry, fence, seen)
+                .await
+                .map_err(after_write)?,
+        };
         self.recorded(item, attempt, recorded, fence, guard.waited())
     }
 

@@ -44,6 +44,7 @@ use tokio::time::Instant;
 
 use super::RedisLock;
 use super::renewal::Renewal;
+use crate::store::StockRead;
 
 /// The longest tenure (`LOCK_TENURE_MS`'s default, 5), counted from the acquisition in Redis:
 /// short against any lease, long against one critical section (a few round trips on a
@@ -95,15 +96,30 @@ pub(super) struct Tenure {
     pub renewal: Option<Renewal>,
     /// Fencing tokens drawn ahead and not given out yet, `next..=last`.
     pub tokens: Option<(u64, u64)>,
+    /// The next holder's read, sent behind the last holder's write.
+    pub prefetched: Option<Prefetched>,
+}
+
+/// A stock read done for the next sale of a tenure, by the sale before it: sent on the same
+/// connection right behind that sale's write, so Redis ran it after the write, with the lock
+/// held throughout. Good only for the sale passed the tenure next, under that token.
+pub(crate) struct Prefetched {
+    pub fence: Option<u64>,
+    pub read: StockRead,
 }
 
 impl Tenure {
     /// Within the quantum, with at least half the lease left however long the acquire
     /// waited, and not found lost by a renewal.
-    fn can_pass(&self) -> bool {
+    pub fn can_pass(&self) -> bool {
         self.acquired.elapsed() < self.quantum
             && self.since.elapsed() < self.lease / 2
             && !self.renewal.as_ref().is_some_and(Renewal::is_lost)
+    }
+
+    /// The token the next pass gives out, if one is drawn ahead.
+    pub fn next_token(&self) -> Option<u64> {
+        self.tokens.map(|(next, _)| next)
     }
 
     /// The next token drawn ahead, if any is left.
@@ -323,6 +339,8 @@ impl Cohort {
                 Err(back) => tenure = back,
             }
         }
+        // Whoever takes a parked tenure reads for itself.
+        tenure.prefetched = None;
         state.parks += 1;
         let park = state.parks;
         state.parked = Some((tenure, park));
@@ -342,6 +360,14 @@ impl Cohort {
                 None
             }
         }
+    }
+
+    /// Whether a sale of `lock` waits here for a tenure (or stands in the Redis queue for it).
+    pub fn has_waiter(&self, lock: RedisLock) -> bool {
+        self.state.lock().is_ok_and(|s| {
+            s.queued.iter().any(|(l, w)| *l == lock && !w.is_closed())
+                || s.waiters.iter().any(|(l, w)| *l == lock && !w.is_closed())
+        })
     }
 
     /// The parked tenure, whoever parked it: its release is due now (the instance stops).
@@ -391,6 +417,7 @@ mod tests {
             lease: Duration::from_secs(600),
             renewal: None,
             tokens: None,
+            prefetched: None,
         }
     }
 

@@ -35,7 +35,7 @@ use redis::{RedisError, RedisResult};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::Instant;
 
-use crate::store::{Store, scripts};
+use crate::store::{StockRead, Store, scripts};
 pub use crate::strategy::{RedisLock, Strategy};
 use cohort::{Cohort, Joined, Passed, Tenure};
 use renewal::Renewal;
@@ -266,6 +266,9 @@ pub struct Guard {
     hold: Hold,
     /// Taken again by its holder (`reenter`): its release counts a reentrant lock down.
     nested: bool,
+    /// The stock read that the sale before this one in the tenure sent behind its write,
+    /// for this sale (see [`Locks::next_read`]).
+    prefetched: Option<StockRead>,
 }
 
 enum Hold {
@@ -293,6 +296,12 @@ impl Guard {
             Hold::Cohort(tenure) => tenure.renewal.as_ref().is_some_and(Renewal::is_lost),
             Hold::Nothing | Hold::Local(_) => false,
         }
+    }
+
+    /// The stock read a sale before this one in the tenure sent behind its own write, for
+    /// this sale (see [`Locks::next_read`]): its read is done.
+    pub fn take_prefetched(&mut self) -> Option<StockRead> {
+        self.prefetched.take()
     }
 
     /// The owner id the lock is written under in Redis: the sale's own, or, for a lock
@@ -413,7 +422,7 @@ impl Locks {
         nested: bool,
     ) -> Result<Guard, LockError> {
         let started = Instant::now();
-        let (fence, hold) = match strategy {
+        let (fence, mut hold) = match strategy {
             Strategy::None | Strategy::Atomic | Strategy::Optimistic => (None, Hold::Nothing),
             Strategy::Local => {
                 let guard =
@@ -441,6 +450,14 @@ impl Locks {
                 (fence, Hold::Redis(lock, renewal))
             }
         };
+        // A read sent for this sale is this sale's alone: never left in the tenure for the
+        // next one, and only under the token it was sent with.
+        let prefetched = match &mut hold {
+            Hold::Cohort(tenure) => tenure.prefetched.take(),
+            _ => None,
+        }
+        .filter(|p| p.fence == fence)
+        .map(|p| p.read);
         let waited = started.elapsed();
         if !nested {
             self.cx.store.metrics().lock_wait(strategy, waited);
@@ -453,6 +470,7 @@ impl Locks {
             waited,
             hold,
             nested,
+            prefetched,
         })
     }
 
@@ -622,6 +640,7 @@ impl Locks {
                 lease: self.cx.ttl,
                 renewal,
                 tokens: None,
+                prefetched: None,
             };
             return Ok((grant.fence, Hold::Cohort(tenure)));
         }
@@ -671,6 +690,7 @@ impl Locks {
         if let Some(token) = tenure.take_token() {
             return Some((Some(token), Hold::Cohort(tenure)));
         }
+        tenure.prefetched = None;
         let newest = self.cx.newest_fence.load(Ordering::Acquire);
         let draw = &scripts::draw_fences(
             &self.cx.store.keys,
@@ -699,6 +719,31 @@ impl Locks {
                 end_tenure(&self.cx, tenure).await.ok();
                 None
             }
+        }
+    }
+
+    /// Whether the holder of `guard` should send the read of the next sale of its tenure
+    /// behind its write ([`crate::store::Store::record_sale_then_read`]), and with which
+    /// fencing token: when the tenure will pass to a sale waiting here, and, for a fenced
+    /// lock, that sale's token is drawn already. `None`: the next holder reads for itself.
+    pub fn next_read(&self, guard: &Guard) -> Option<Option<u64>> {
+        let Hold::Cohort(tenure) = &guard.hold else {
+            return None;
+        };
+        if !tenure.can_pass() || !self.cohort.has_waiter(tenure.lock) {
+            return None;
+        }
+        if handoff_shape(tenure.lock) == Some("fenced") {
+            return tenure.next_token().map(Some);
+        }
+        Some(None)
+    }
+
+    /// Keeps the read sent for the next sale of `guard`'s tenure, under `fence` (from
+    /// [`Locks::next_read`]); the sale that gets the tenure next uses it if its token is that.
+    pub fn keep_next_read(&self, guard: &mut Guard, fence: Option<u64>, read: StockRead) {
+        if let Hold::Cohort(tenure) = &mut guard.hold {
+            tenure.prefetched = Some(cohort::Prefetched { fence, read });
         }
     }
 

@@ -875,7 +875,6 @@ impl Store {
     /// Whether Redis answers; on a cluster, whether a node says `cluster_state:ok`.
     pub async fn ping(&self) -> RedisResult<()> {
         if let Some(cluster) = &self.cluster {
-            let cluster = cluster.clone();
             let ok = self
                 .call(|_| async move { cluster.state_ok().await })
                 .await?;
@@ -902,10 +901,16 @@ impl Store {
         fence: Option<u64>,
     ) -> RedisResult<StockRead> {
         let read = &scripts::read_stock(&self.keys, kind, fence);
-        let (ok, value, lockfree, other_locks): (i64, i64, i64, i64) = self
+        let reply = self
             .call(|mut c| async move { read.invoke_async(&mut c).await })
             .await?;
-        Ok(match ok {
+        Ok(Self::stock_read(kind, reply))
+    }
+
+    /// The read of [`Store::read_for_sale`] from its reply.
+    fn stock_read(kind: LockKind, reply: (i64, i64, i64, i64)) -> StockRead {
+        let (ok, value, lockfree, other_locks) = reply;
+        match ok {
             1 => StockRead::Current {
                 stock: (value >= 0).then_some(value),
                 seen: WritesSeen {
@@ -917,7 +922,74 @@ impl Store {
             _ => StockRead::Stale {
                 newest: value.max(0) as u64,
             },
-        })
+        }
+    }
+
+    /// [`Store::record_sale`], with the read of the next sale of the same lock tenure sent
+    /// right behind it on the same connection: Redis runs them in that order, so the read sees
+    /// this write, and the next sale starts its critical section with its read done (one round
+    /// trip a sale instead of two, within a tenure). The read is `None` when it failed, and
+    /// when the store cannot carry the two in one piece (a cluster, or `REPLICA_ACKS`, whose
+    /// `WAIT` must follow the write alone): the next sale then reads for itself.
+    ///
+    /// A write Redis does not know the script of (flushed) ran nothing and is sent again
+    /// alone; a next read that ran meanwhile may have registered a newer fencing token, and
+    /// the write is then refused as stale: a refusal, never a write under an older token.
+    pub async fn record_sale_then_read(
+        &self,
+        new_stock: i64,
+        entry: &Entry<'_>,
+        fence: Option<u64>,
+        seen: WritesSeen,
+        next_fence: Option<u64>,
+    ) -> RedisResult<(Recorded, Option<StockRead>)> {
+        if self.cluster.is_some() || self.replication.acks > 0 {
+            let recorded = self.record_sale(new_stock, entry, fence, seen).await?;
+            return Ok((recorded, None));
+        }
+        let mode = scripts::SellMode::Locked {
+            new_stock,
+            fence,
+            seen,
+        };
+        let write = &scripts::sell(&self.keys, entry, self.ledger_cap, mode);
+        let read = &scripts::read_stock(&self.keys, seen.kind, next_fence);
+        let mut replies: Vec<RedisResult<redis::Value>> = self
+            .call(|mut c| async move {
+                redis::pipe()
+                    .ignore_errors()
+                    .invoke_script(write)
+                    .invoke_script(read)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let read = replies.pop();
+        let written = replies.pop();
+        let recorded = match written {
+            Some(Ok(value)) => {
+                let (code, value) = redis::from_redis_value(value)?;
+                Recorded::from_reply(code, value)
+            }
+            Some(Err(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                let recorded = self.record_sale(new_stock, entry, fence, seen).await?;
+                return Ok((recorded, None));
+            }
+            Some(Err(e)) => return Err(e),
+            None => {
+                return Err(RedisError::from((
+                    redis::ErrorKind::Client,
+                    "a pipeline of two answered fewer",
+                )));
+            }
+        };
+        let read = read
+            .and_then(Result::ok)
+            .and_then(|v| redis::from_redis_value(v).ok())
+            .map(|reply| Self::stock_read(seen.kind, reply));
+        Ok((recorded, read))
     }
 
     /// Writes the stock a locked sale computed and records the sale, atomically; refused
@@ -1059,7 +1131,7 @@ impl Store {
         let Some((stock, initial, sales)) = self.counters().await? else {
             return Ok(None);
         };
-        let key = self.keys.duplicates.clone();
+        let key = &self.keys.duplicates;
         let duplicates: Vec<(i64, i64)> = self
             .call(|mut c| async move { c.hgetall(key).await })
             .await?;
@@ -1074,7 +1146,7 @@ impl Store {
 
     /// The ledger entries still kept (the newest `LEDGER_MAX` or so), oldest first.
     pub async fn ledger(&self) -> RedisResult<Vec<String>> {
-        let key = self.keys.ledger.clone();
+        let key = &self.keys.ledger;
         let entries: Vec<(String, Vec<(String, String)>)> = self
             .call(|mut c| async move {
                 redis::cmd("XRANGE")

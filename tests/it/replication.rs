@@ -747,9 +747,9 @@ async fn wait_vouches_for_what_a_command_read_not_only_for_what_it_wrote() {
         .with_replication(replication)
         .unwrap();
         let (acked, acks) = store.acked().unwrap();
-        let key = Keys::new("001").stock;
+        let key = &Keys::new("001").stock;
         let _: Option<i64> = acked
-            .call(|mut c| async move { c.get(&key).await })
+            .call(|mut c| async move { c.get(key).await })
             .await
             .unwrap();
         acks.get()

@@ -80,6 +80,68 @@ async fn every_pair_of_safe_strategies_mixed_on_one_item_never_oversells_or_lose
     }
 }
 
+/// Sales of one instance passed the lock within a tenure: each one's read goes out behind
+/// the previous sale's write, on the same connection, and must still see that write. For
+/// every strategy with tenures: every sale sells, each a remaining value of its own, the
+/// books balance, and (fenced) the later token sold the lower value: a token never goes
+/// backwards against the stock. Some reads must have been sent that way, or this tests
+/// nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn sales_passed_within_a_tenure_read_behind_the_previous_write_and_see_it() {
+    let cluster = Cluster::start(1, |b| b.env("LOCK_TENURE_MS", 1000)).await;
+    let app = &cluster.instances[0];
+    for strategy in ["fenced", "lua-release", "reentrant", "watchdog"] {
+        app.reset(100).await;
+        let sales = (0..16).map(|n| {
+            // Half of them re-enter the lock they hold (a second, nested acquire).
+            let query = format!("strategy={strategy}&work_ms=2&reenter={}", n % 2 == 0);
+            async move { app.sale(&query).await }
+        });
+        let replies = futures_util::future::join_all(sales).await;
+        let reenter_refused = |r: &Reply| strategy == "lua-release" && r.status != 200;
+        let sold: Vec<&Reply> = replies.iter().filter(|r| r.status == 200).collect();
+        for r in replies.iter().filter(|r| r.status != 200) {
+            assert!(reenter_refused(r), "{strategy}: {} {}", r.status, r.body);
+        }
+        let mut remaining: Vec<i64> = sold
+            .iter()
+            .map(|r| r.body["remaining"].as_i64().unwrap())
+            .collect();
+        remaining.sort_unstable();
+        let expected: Vec<i64> = (100 - sold.len() as i64..100).collect();
+        assert_eq!(
+            remaining, expected,
+            "{strategy}: each sale saw the one before"
+        );
+        if strategy == "fenced" {
+            let mut by_token: Vec<(u64, i64)> = sold
+                .iter()
+                .map(|r| {
+                    (
+                        r.body["fence"].as_u64().unwrap(),
+                        r.body["remaining"].as_i64().unwrap(),
+                    )
+                })
+                .collect();
+            by_token.sort_unstable();
+            assert!(
+                by_token
+                    .windows(2)
+                    .all(|w| w[0].0 < w[1].0 && w[0].1 > w[1].1),
+                "{by_token:?}"
+            );
+        }
+        assert_books_balance(
+            &replies,
+            &app.audit().await,
+            strategy,
+            &["lock_not_reentrant", "lock_timeout"],
+        );
+    }
+    let prefetched = app.log().matches("\"prefetched\":true").count();
+    assert!(prefetched > 0, "no read was sent behind a write");
+}
+
 /// Waits until `app` logs one more `stock read` than `before`: the sale has read the stock.
 async fn until_stock_read(app: &Instance, before: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
