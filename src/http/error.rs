@@ -63,7 +63,28 @@ impl From<RedisError> for ApiError {
 
 impl From<QueryRejection> for ApiError {
     fn from(rejection: QueryRejection) -> Self {
-        ApiError::BadRequest(rejection.body_text())
+        let text = rejection.body_text();
+        ApiError::BadRequest(match query_hint(&text) {
+            Some(hint) => format!("{text}; {hint}"),
+            None => text,
+        })
+    }
+}
+
+/// What the query parameter that serde complains about takes: its complaint names the
+/// parameter and the fault, not the values that would do.
+fn query_hint(text: &str) -> Option<String> {
+    if text.contains("work_ms") {
+        Some("work_ms is a whole number of milliseconds, from 0 up to MAX_WORK_MS (2000 unless configured)".into())
+    } else if text.contains("reenter") {
+        Some("reenter is true or false".into())
+    } else if text.contains("strategy") {
+        Some(format!(
+            "give strategy once, one of: {}",
+            crate::strategy::Strategy::accepted_names().join(", ")
+        ))
+    } else {
+        None
     }
 }
 

@@ -254,11 +254,20 @@ impl<S: Send + Sync> FromRequestParts<S> for SaleHeaders {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let Some(value) = parts.headers.get("idempotency-key") else {
+        let mut values = parts.headers.get_all("idempotency-key").iter();
+        let Some(value) = values.next() else {
             return Ok(Self {
                 idempotency_key: None,
             });
         };
+        // Whichever one were used, a retry sending the other would sell again.
+        if values.next().is_some() {
+            return Err(ApiError::BadRequest(
+                "send one Idempotency-Key header, not several: a retry must repeat the one key \
+                 of its first attempt"
+                    .to_owned(),
+            ));
+        }
         let invalid = || ApiError::BadRequest(idempotency::INVALID_KEY.to_owned());
         let key = value.to_str().map_err(|_| invalid())?;
         let key = idempotency::Key::try_from(key).map_err(|_| invalid())?;
