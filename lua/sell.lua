@@ -43,12 +43,6 @@
 --          Nothing is written in any case but the first.
 local locked = ARGV[1] == 'locked'
 local fence = locked and tonumber(ARGV[9]) or nil
-if fence then
-  local newest = tonumber(redis.call('GET', KEYS[6]) or '0')
-  if fence < newest then
-    return {0, newest}
-  end
-end
 if ARGV[5] ~= '' and redis.call('GET', KEYS[8]) ~= ARGV[5] then
   return {2, 0}
 end
@@ -56,12 +50,21 @@ local current = redis.call('GET', KEYS[1])
 if not current then
   return {4, 0}
 end
+-- Writers that do not take this lock first: a sale under the other kind of lock draws its
+-- token from the same counter, so a newer token may be one of theirs, and this sale's lock
+-- was then not lost (stock_changed, not stale_fence).
+if locked and ((redis.call('GET', KEYS[7]) or '0') ~= ARGV[10]
+    or (redis.call('GET', KEYS[10]) or '0') ~= ARGV[11]) then
+  return {3, 0}
+end
+if fence then
+  local newest = tonumber(redis.call('GET', KEYS[6]) or '0')
+  if fence < newest then
+    return {0, newest}
+  end
+end
 local remaining
 if locked then
-  if (redis.call('GET', KEYS[7]) or '0') ~= ARGV[10]
-      or (redis.call('GET', KEYS[10]) or '0') ~= ARGV[11] then
-    return {3, 0}
-  end
   redis.call('INCR', KEYS[11])
   if fence then
     redis.call('SET', KEYS[6], fence)

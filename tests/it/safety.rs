@@ -184,6 +184,40 @@ async fn a_reset_in_the_middle_of_a_sale_refuses_that_sale_for_every_lock_strate
     }
 }
 
+/// A single-node lock and a quorum lock do not exclude each other. A `fenced` sale overtaken
+/// by a `redlock-fenced` sale between its read and its write is refused as `stock_changed`
+/// (a writer that does not take its lock wrote since its read), not `stale_fence`: its own
+/// lock was never lost, though the other sale's token is newer (both draw from one counter).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fenced_sale_overtaken_by_a_quorum_sale_is_stock_changed_not_a_lost_lock() {
+    let cluster = Cluster::start(2, |b| b).await;
+    let (a, b) = (&cluster.instances[0], &cluster.instances[1]);
+    for (slow, fast) in [("fenced", "redlock-fenced"), ("redlock-fenced", "fenced")] {
+        a.reset(10).await;
+        let reads = a.log().matches("stock read").count();
+        let slow_query = format!("strategy={slow}&work_ms=400");
+        let slow_sale = a.sale(&slow_query);
+        let overtaking = async {
+            until_stock_read(a, reads).await;
+            b.sale(&format!("strategy={fast}")).await
+        };
+        let (slow_sale, fast_sale) = tokio::join!(slow_sale, overtaking);
+        assert_eq!(fast_sale.status, 200, "{fast}: {}", fast_sale.body);
+        assert_eq!(
+            (slow_sale.status, slow_sale.error_code()),
+            (409, "stock_changed"),
+            "{slow}: {}",
+            slow_sale.body
+        );
+        let audit = a.audit().await;
+        assert_eq!(
+            (audit["sales"].as_i64(), audit["remaining"].as_i64()),
+            (Some(1), Some(9)),
+            "{audit}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn fencing_tokens_never_go_backwards_and_no_sale_crosses_a_reset_under_load() {
     let cluster = Cluster::start(2, |b| b).await;
