@@ -30,6 +30,11 @@
 //!   no enqueue and no leave per sale. A waiter behind a sale that left the queue without
 //!   the lock (its deadline, its request gone) goes to Redis itself, at once when that sale
 //!   gave up and within [`BEHIND_RECHECK`] when it was cancelled.
+//! - A holder that will pass the tenure to a waiting sale sends that sale's stock read
+//!   behind its own write, in one pipeline ([`Prefetched`]): Redis runs the read after the
+//!   write with the lock held throughout, so nothing the read could miss happens between.
+//!   The read belongs to the next holder under its token only; a tenure parked or ended
+//!   drops it, and the write's checks (fence, resets, other writers) are those of any sale.
 //!
 //! What it costs: a sale arriving at another instance waits for a whole tenure, not one
 //! critical section; and a lock nobody here wants is kept one scheduler turn before its
