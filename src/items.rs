@@ -115,8 +115,8 @@ impl Items {
         item
     }
 
-    /// Gives back the locks this instance still keeps parked between its own sales (see
-    /// [`crate::lock::cohort`]), so that an instance stopping does not leave the others
+    /// Gives back the locks this instance still keeps parked between its own sales (a
+    /// tenure, `LOCK_TENURE_MS`), so that an instance stopping does not leave the others
     /// waiting for a lease to run out.
     pub async fn close(&self) {
         let others: Vec<Arc<Item>> = {
