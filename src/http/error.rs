@@ -14,7 +14,7 @@ use crate::sale::SaleError;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"error": "sold_out", "message": "item 001 is sold out"}))]
 pub struct ErrorBody {
-    /// One of: bad_request, payload_too_large, unauthorized, not_found, method_not_allowed,
+    /// One of: bad_request, payload_too_large, request_timeout, unauthorized, not_found, method_not_allowed,
     /// unknown_item, sold_out, lock_lost, stale_fence, stock_changed, in_progress,
     /// lock_timeout, too_much_contention, pool_exhausted, redis_unavailable,
     /// redis_auth_failed, not_replicated, outcome_unknown, internal.
@@ -28,6 +28,8 @@ pub enum ApiError {
     BadRequest(String),
     /// 413: the body is larger than the service accepts.
     PayloadTooLarge(String),
+    /// 408: the body did not arrive in time (`HEADER_TIMEOUT_MS`).
+    RequestTimeout,
     /// 401: the admin token is missing or wrong.
     Unauthorized,
     /// 404: no such route.
@@ -92,10 +94,24 @@ impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(rejection.body_text())
+        } else if body_timed_out(&rejection) {
+            ApiError::RequestTimeout
         } else {
             ApiError::BadRequest(rejection.body_text())
         }
     }
+}
+
+/// Whether the body stopped arriving: the client was slow, not wrong.
+fn body_timed_out(rejection: &JsonRejection) -> bool {
+    let mut source = std::error::Error::source(rejection);
+    while let Some(e) = source {
+        if e.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Whether Redis failed to answer (worth a retry later) rather than answered wrongly.
@@ -126,6 +142,12 @@ impl ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
                 m.clone(),
+            ),
+            ApiError::RequestTimeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the request body did not arrive in time (HEADER_TIMEOUT_MS); nothing was changed"
+                    .into(),
             ),
             ApiError::Unauthorized => (
                 StatusCode::UNAUTHORIZED,
