@@ -218,8 +218,8 @@ struct State {
     parked: Option<(Tenure, u64)>,
     parks: u64,
     /// Sales that arrived during the tenure, or behind a sale in the Redis queue, and wait
-    /// here, by strategy.
-    waiters: VecDeque<(RedisLock, oneshot::Sender<Tenure>)>,
+    /// here, by strategy, in the order they arrived (a sale that joins again keeps its place).
+    waiters: VecDeque<(RedisLock, Instant, oneshot::Sender<Tenure>)>,
     /// Sales of this instance queued in Redis, by strategy, that take a passed lock too
     /// (they have waited longer than `waiters`, so they come first). They stay through
     /// the end of a tenure: they are in the Redis queue already.
@@ -228,24 +228,42 @@ struct State {
 
 impl State {
     /// Registers a sale waiting here for a tenure of `lock`.
-    fn wait(&mut self, lock: RedisLock) -> Passing {
+    fn wait(&mut self, lock: RedisLock, arrived: Instant) -> Passing {
         let (tx, rx) = oneshot::channel();
-        self.waiters.push_back((lock, tx));
+        self.waiters.retain(|(_, _, w)| !w.is_closed());
+        let at = self
+            .waiters
+            .iter()
+            .position(|(_, t, _)| *t > arrived)
+            .unwrap_or(self.waiters.len());
+        self.waiters.insert(at, (lock, arrived, tx));
         Passing(Some(rx))
     }
 
-    /// Ends the tenure here: the sales waiting for it go to Redis (their channels close).
+    /// The sale of `lock` that has waited here longest joins again (its channel closes):
+    /// with nobody of this instance in the Redis queue, it goes there, and the others keep
+    /// their places behind it.
+    fn wake_first(&mut self, lock: RedisLock) {
+        self.waiters.retain(|(_, _, w)| !w.is_closed());
+        if let Some(i) = self.waiters.iter().position(|(l, _, _)| *l == lock) {
+            self.waiters.remove(i);
+        }
+    }
+
+    /// Ends the tenure here: the sale that has waited longest for it goes to Redis (its
+    /// channel closes) and stands in the queue there for the others, which keep their places.
     fn end(&mut self) {
         self.held = false;
-        self.lock = None;
         self.since = None;
-        self.waiters.clear();
+        if let Some(lock) = self.lock.take() {
+            self.wake_first(lock);
+        }
     }
 }
 
 impl Cohort {
     /// A sale of `lock`'s strategy wants the lock.
-    pub fn join(&self, lock: RedisLock) -> Joined {
+    pub fn join(&self, lock: RedisLock, arrived: Instant) -> Joined {
         let Ok(mut state) = self.state.lock() else {
             return Joined::Redis;
         };
@@ -259,7 +277,7 @@ impl Cohort {
                 && state.held
                 && since.elapsed() < state.quantum
             {
-                let passed = state.wait(lock);
+                let passed = state.wait(lock, arrived);
                 return Joined::Wait {
                     passed,
                     until: since + state.quantum + WAIT_SLACK,
@@ -267,8 +285,20 @@ impl Cohort {
             }
         }
         state.queued.retain(|(_, w)| !w.is_closed());
-        if state.queued.iter().any(|(l, _)| *l == lock) {
-            let passed = state.wait(lock);
+        let standing = state.queued.iter().any(|(l, _)| *l == lock);
+        // Older sales of this instance wait for this lock with nobody standing in the Redis
+        // queue for them (one was just told to go): the oldest goes, this one waits its turn
+        // behind them rather than overtaking them in Redis.
+        let older = |s: &State| {
+            s.waiters
+                .iter()
+                .any(|(l, t, w)| *l == lock && *t < arrived && !w.is_closed())
+        };
+        if standing || older(&state) {
+            if !standing {
+                state.wake_first(lock);
+            }
+            let passed = state.wait(lock, arrived);
             return Joined::Behind {
                 passed,
                 until: Instant::now() + BEHIND_RECHECK,
@@ -286,7 +316,7 @@ impl Cohort {
             let standing = state.queued.iter().any(|(l, _)| *l == lock);
             let serving = state.held && state.lock == Some(lock);
             if !(standing || serving) {
-                state.waiters.retain(|(l, _)| *l != lock);
+                state.wake_first(lock);
             }
         }
     }
@@ -335,8 +365,8 @@ impl Cohort {
                 Err(back) => tenure = back,
             }
         }
-        while let Some(i) = state.waiters.iter().position(|(l, _)| *l == tenure.lock) {
-            let Some((_, waiter)) = state.waiters.remove(i) else {
+        while let Some(i) = state.waiters.iter().position(|(l, _, _)| *l == tenure.lock) {
+            let Some((_, _, waiter)) = state.waiters.remove(i) else {
                 break;
             };
             match waiter.send(tenure) {
@@ -371,7 +401,9 @@ impl Cohort {
     pub fn has_waiter(&self, lock: RedisLock) -> bool {
         self.state.lock().is_ok_and(|s| {
             s.queued.iter().any(|(l, w)| *l == lock && !w.is_closed())
-                || s.waiters.iter().any(|(l, w)| *l == lock && !w.is_closed())
+                || s.waiters
+                    .iter()
+                    .any(|(l, _, w)| *l == lock && !w.is_closed())
         })
     }
 
@@ -399,7 +431,7 @@ impl Cohort {
         self.state
             .lock()
             .map(|mut s| {
-                s.waiters.retain(|(_, w)| !w.is_closed());
+                s.waiters.retain(|(_, _, w)| !w.is_closed());
                 s.queued.retain(|(_, w)| !w.is_closed());
                 let current = s.held && s.since.is_some_and(|t| t.elapsed() < s.quantum);
                 !current && s.parked.is_none() && s.waiters.is_empty() && s.queued.is_empty()
@@ -430,10 +462,13 @@ mod tests {
     async fn a_tenure_goes_to_waiters_in_order_then_parks_then_is_released() {
         let cohort = Cohort::default();
         let lua = RedisLock::LuaRelease;
-        assert!(matches!(cohort.join(lua), Joined::Redis));
+        assert!(matches!(cohort.join(lua, Instant::now()), Joined::Redis));
         cohort.began(lua, Instant::now(), Duration::from_secs(60));
         assert!(
-            matches!(cohort.join(RedisLock::Fenced), Joined::Redis),
+            matches!(
+                cohort.join(RedisLock::Fenced, Instant::now()),
+                Joined::Redis
+            ),
             "another strategy's lock is never passed"
         );
         let (
@@ -441,7 +476,10 @@ mod tests {
             Joined::Wait {
                 passed: mut second, ..
             },
-        ) = (cohort.join(lua), cohort.join(lua))
+        ) = (
+            cohort.join(lua, Instant::now()),
+            cohort.join(lua, Instant::now()),
+        )
         else {
             panic!("arrivals during a tenure wait here");
         };
@@ -458,8 +496,11 @@ mod tests {
             panic!("nobody waits: parked");
         };
         assert!(!cohort.is_idle());
-        assert!(matches!(cohort.join(RedisLock::Watchdog), Joined::Redis));
-        let Joined::Taken(taken) = cohort.join(lua) else {
+        assert!(matches!(
+            cohort.join(RedisLock::Watchdog, Instant::now()),
+            Joined::Redis
+        ));
+        let Joined::Taken(taken) = cohort.join(lua, Instant::now()) else {
             panic!("a parked tenure is taken by the next arrival");
         };
         assert!(cohort.unpark(park).is_none(), "taken, so not released");
@@ -468,7 +509,7 @@ mod tests {
         };
         assert!(cohort.unpark(park).is_some());
         assert!(cohort.is_idle());
-        assert!(matches!(cohort.join(lua), Joined::Redis));
+        assert!(matches!(cohort.join(lua, Instant::now()), Joined::Redis));
     }
 
     #[tokio::test]
@@ -482,7 +523,7 @@ mod tests {
         let Joined::Wait {
             passed: mut waiting,
             ..
-        } = cohort.join(RedisLock::LuaRelease)
+        } = cohort.join(RedisLock::LuaRelease, Instant::now())
         else {
             panic!("waits here");
         };
@@ -501,12 +542,12 @@ mod tests {
         let mut standing = cohort.queued_in_redis(lua);
         let Joined::Behind {
             passed: mut behind, ..
-        } = cohort.join(lua)
+        } = cohort.join(lua, Instant::now())
         else {
             panic!("one sale of an instance stands in the Redis queue, the next waits here");
         };
         assert!(
-            matches!(cohort.join(fenced), Joined::Redis),
+            matches!(cohort.join(fenced, Instant::now()), Joined::Redis),
             "behind a sale of the same strategy only"
         );
         // The standing sale is handed the lock by Redis: its tenure serves the one behind.
@@ -524,7 +565,7 @@ mod tests {
         let mut standing = cohort.queued_in_redis(lua);
         let Joined::Behind {
             passed: mut behind, ..
-        } = cohort.join(lua)
+        } = cohort.join(lua, Instant::now())
         else {
             panic!("waits behind");
         };
@@ -532,14 +573,17 @@ mod tests {
         assert!(standing.close().is_none());
         cohort.left_redis_queue(lua);
         assert!(behind.passed().await.is_none(), "told to join again");
-        assert!(matches!(cohort.join(lua), Joined::Redis), "and now first");
+        assert!(
+            matches!(cohort.join(lua, Instant::now()), Joined::Redis),
+            "and now first"
+        );
 
         // A fenced tenure never goes to a sale waiting behind a `lua-release` sale.
         let cohort = Cohort::default();
         let _standing = cohort.queued_in_redis(lua);
         let Joined::Behind {
             passed: mut behind, ..
-        } = cohort.join(lua)
+        } = cohort.join(lua, Instant::now())
         else {
             panic!("waits behind");
         };

@@ -560,7 +560,7 @@ impl Locks {
     ) -> Result<(Option<u64>, Hold), LockError> {
         let started = Instant::now();
         loop {
-            let passed = match self.cohort.join(lock) {
+            let passed = match self.cohort.join(lock, started) {
                 Joined::Taken(tenure) => Some(tenure),
                 Joined::Wait { mut passed, until } | Joined::Behind { mut passed, until } => {
                     let waited = tokio::time::timeout_at(until.min(deadline), passed.passed());

@@ -540,3 +540,89 @@ async fn an_instances_sales_stand_once_in_the_redis_queue_and_all_get_the_lock()
         queued.attempts() - attempts_before
     );
 }
+
+/// Six sales of one instance arrive one after another while another instance holds the lock
+/// for a while: one stands in the Redis queue, the others wait behind it and look again
+/// every so often. They must get the lock in the order they arrived, however often they
+/// looked: a sale that joins again keeps its place (it used to go to the back, so a busy
+/// instance could pass one sale over until its deadline).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instances_sales_get_the_lock_in_the_order_they_arrived() {
+    let redis = RedisServer::start().await;
+    let (_s1, other) = locks(&redis);
+    let (_s2, here) = locks(&redis);
+    let here = Arc::new(here.with_tenure(Duration::from_millis(1000)));
+    let strategy = Strategy::Redis(RedisLock::Fenced);
+    let far = || Instant::now() + Duration::from_secs(10);
+    let a: Arc<str> = "other".into();
+    let held = other.acquire(strategy, &a, far(), false).await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut sales = Vec::new();
+    for n in 0..6 {
+        let (here, order) = (here.clone(), order.clone());
+        sales.push(tokio::spawn(async move {
+            let owner: Arc<str> = format!("sale{n}").into();
+            let guard = here.acquire(strategy, &owner, far(), false).await?;
+            order.lock().unwrap().push(n);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            here.release(guard).await?;
+            Ok::<_, LockError>(())
+        }));
+        // Apart enough to arrive in order, close enough that all wait through rechecks.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    // Several rechecks (every 50 ms) happen while the other instance holds on.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    other.release(held).await.unwrap();
+    for sale in sales {
+        tokio::time::timeout(Duration::from_secs(5), sale)
+            .await
+            .expect("every sale gets the lock")
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+}
+
+/// Twelve sales of one instance in a loop, each holding the lock 20-60 ms, longer than a
+/// tenure: each must wait about one round of the others, never much more. A sale that has
+/// waited here must not be overtaken in Redis by one that just arrived (the releasing sale's
+/// own next one, say), or it can be passed over until its deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn sales_of_one_instance_holding_past_their_tenure_take_turns() {
+    let redis = RedisServer::start().await;
+    let (_s, here) = locks(&redis);
+    let here = Arc::new(here);
+    let strategy = Strategy::Redis(RedisLock::Fenced);
+    let waits = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for n in 0..12u64 {
+        let (here, waits) = (here.clone(), waits.clone());
+        tasks.push(tokio::spawn(async move {
+            let end = Instant::now() + Duration::from_secs(3);
+            let mut k = 0u64;
+            while Instant::now() < end {
+                k += 1;
+                let owner: Arc<str> = format!("s{n}-{k}").into();
+                let asked = Instant::now();
+                let deadline = asked + Duration::from_secs(10);
+                let guard = here.acquire(strategy, &owner, deadline, false).await?;
+                waits.lock().unwrap().push(asked.elapsed());
+                let work = 20 + (n * 37 + k * 53) % 41;
+                tokio::time::sleep(Duration::from_millis(work)).await;
+                here.release(guard).await?;
+            }
+            Ok::<_, LockError>(())
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let longest = waits.lock().unwrap().iter().copied().max().unwrap();
+    // A round of the other eleven is at most 11 x 60 ms; twice that leaves room for a slow
+    // machine, and a sale passed over waits seconds.
+    assert!(
+        longest < Duration::from_millis(1500),
+        "a sale waited {longest:?}"
+    );
+}
