@@ -821,7 +821,37 @@ impl Store {
     /// costs a request at most `timeout`, never a hang.
     pub async fn call<T, F, Fut>(&self, f: F) -> RedisResult<T>
     where
-        F: FnOnce(Conn) -> Fut,
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let mut result = self.call_once(&f).await;
+        // After Redis was gone a while, the shared connection's last reconnection may have
+        // been refused; the manager hands that refusal to the next call and only then
+        // reconnects, however long Redis has been back. A refused call reached no Redis:
+        // sent again once, on the connection the manager is opening now.
+        if let Err(e) = &result
+            && e.is_connection_refusal()
+            && self.uses_shared_connection()
+        {
+            self.after_error(e);
+            result = self.call_once(&f).await;
+        }
+        if let Err(e) = &result {
+            self.metrics.redis_error();
+            self.after_error(e);
+        }
+        result
+    }
+
+    fn uses_shared_connection(&self) -> bool {
+        self.acked.is_none()
+            && self.cluster.is_none()
+            && self.pool_settings.mode == ConnectionMode::Multiplexed
+    }
+
+    async fn call_once<T, F, Fut>(&self, f: &F) -> RedisResult<T>
+    where
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let (conn, bound) = match (&self.acked, self.pool_settings.mode) {
@@ -858,18 +888,13 @@ impl Store {
             // that is still stuck. Calls never leave a WATCH or a MULTI open.
             (None, ConnectionMode::Pool) => (Conn::Pooled(self.pooled().await?), self.timeout),
         };
-        let result = match tokio::time::timeout(bound, f(conn)).await {
+        match tokio::time::timeout(bound, f(conn)).await {
             Ok(result) => result,
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "redis did not answer in time",
             ))),
-        };
-        if let Err(e) = &result {
-            self.metrics.redis_error();
-            self.after_error(e);
         }
-        result
     }
 
     /// Whether Redis answers; on a cluster, whether a node says `cluster_state:ok`.
