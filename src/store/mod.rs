@@ -278,7 +278,12 @@ pub struct Keys {
     pub single_node_writes: String,
     pub quorum_writes: String,
     pub fence: String,
+    /// The newest fencing token the store has seen from a sale under a single-node lock,
+    /// and under a quorum lock. Apart, because the two kinds do not exclude each other: a
+    /// quorum sale's newer token says nothing about whether a single-node sale's lock was
+    /// lost (its writes are caught by the write counters instead).
     pub fence_seen: String,
+    pub quorum_fence_seen: String,
     pub lock: String,
     /// Pub/sub channel on which every release is announced.
     pub released: String,
@@ -315,6 +320,7 @@ impl Keys {
             quorum_writes: key("writes:quorum"),
             fence: key("fence"),
             fence_seen: key("fence:seen"),
+            quorum_fence_seen: key("fence:seen:quorum"),
             lock: key("lock"),
             released: key("lock:released"),
             signal: key("lock:signal"),
@@ -341,6 +347,13 @@ impl Keys {
     /// The slot of every key of the item.
     pub fn slot(&self) -> u16 {
         hash_slot(&self.stock)
+    }
+
+    pub fn fence_seen_by(&self, kind: LockKind) -> &str {
+        match kind {
+            LockKind::SingleNode => &self.fence_seen,
+            LockKind::Quorum => &self.quorum_fence_seen,
+        }
     }
 
     pub fn locked_writes(&self, kind: LockKind) -> &str {
@@ -1262,6 +1275,7 @@ mod tests {
             quorum_writes,
             fence,
             fence_seen,
+            quorum_fence_seen,
             lock,
             released,
             signal,
@@ -1284,6 +1298,7 @@ mod tests {
             quorum_writes,
             fence,
             fence_seen,
+            quorum_fence_seen,
             lock,
             released,
             signal,

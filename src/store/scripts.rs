@@ -152,7 +152,7 @@ pub fn draw_fences(keys: &Keys, owner: &str, newest: u64, count: u64) -> ScriptI
 /// 0}` for a stale `fence`.
 pub fn read_stock(keys: &Keys, kind: LockKind, fence: Option<u64>) -> ScriptInvocation<'static> {
     let mut i = READ_STOCK.key(&keys.stock);
-    i.key(&keys.fence_seen)
+    i.key(keys.fence_seen_by(kind))
         .key(&keys.lockfree_writes)
         .key(keys.locked_writes(kind.other()))
         .arg(fence.map(|f| f.to_string()).unwrap_or_default());
@@ -186,16 +186,16 @@ pub fn sell(
     i.key(&keys.ledger)
         .key(&keys.sales)
         .key(&keys.sold)
-        .key(&keys.duplicates)
-        .key(&keys.fence_seen)
-        .key(&keys.lockfree_writes)
-        .key(entry.claim_key(keys))
-        .key(&keys.initial);
-    // Without a lock the two counters are neither checked nor touched.
+        .key(&keys.duplicates);
+    // Without a lock the two counters and the token are neither checked nor touched.
     let kind = match mode {
         SellMode::Locked { seen, .. } => seen.kind,
         SellMode::Atomic | SellMode::Optimistic { .. } => LockKind::SingleNode,
     };
+    i.key(keys.fence_seen_by(kind))
+        .key(&keys.lockfree_writes)
+        .key(entry.claim_key(keys))
+        .key(&keys.initial);
     i.key(keys.locked_writes(kind.other()))
         .key(keys.locked_writes(kind))
         .arg(match mode {
