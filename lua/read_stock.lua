@@ -3,8 +3,8 @@
 -- Registering the token at the read (not only at the write) is what stops a paused holder
 -- from writing after a newer holder has read: its write then carries an older token.
 -- KEYS[1]: the stock key
--- KEYS[2]: the newest fencing token the store has seen from a sale under the reader's kind of lock (single-node
---          or quorum: the kinds do not exclude each other, so each keeps its own)
+-- KEYS[2]: the newest fencing token the store has seen under this kind of lock (single-node
+--          or quorum; the kinds do not exclude each other, so each keeps its own)
 -- KEYS[3]: the count of lock-free writes (atomic sales and resets)
 -- KEYS[4]: the count of writes made under the other kind of lock (a single-node lock for
 --          a quorum-lock reader, and the reverse): those writers never waited for this

@@ -19,8 +19,8 @@
 -- KEYS[4]: a bitmap of the remaining-stock values already sold, bit (initial - 1 - value),
 --          so that it grows with the sales made, not with the size of the stock
 -- KEYS[5]: remaining-stock value -> times sold, for values sold more than once
--- KEYS[6]: the newest fencing token the store has seen from a sale under the reader's kind of lock (single-node
---          or quorum: the kinds do not exclude each other, so each keeps its own)
+-- KEYS[6]: the newest fencing token the store has seen under this kind of lock (single-node
+--          or quorum; the kinds do not exclude each other, so each keeps its own)
 -- KEYS[7]: the count of lock-free writes (atomic sales and resets), never reset
 -- KEYS[8]: the sale's idempotency key (untouched when ARGV[5] is '')
 -- KEYS[9]: the initial stock (the bitmap counts down from it)

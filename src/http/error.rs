@@ -14,9 +14,9 @@ use crate::sale::SaleError;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"error": "sold_out", "message": "item 001 is sold out"}))]
 pub struct ErrorBody {
-    /// One of: bad_request, payload_too_large, request_timeout, unauthorized, not_found, method_not_allowed,
-    /// unknown_item, sold_out, lock_lost, stale_fence, stock_changed, in_progress,
-    /// lock_timeout, too_much_contention, pool_exhausted, redis_unavailable,
+    /// One of: bad_request, payload_too_large, request_timeout, unauthorized, not_found,
+    /// method_not_allowed, unknown_item, sold_out, lock_lost, stale_fence, stock_changed,
+    /// in_progress, lock_timeout, too_much_contention, pool_exhausted, redis_unavailable,
     /// redis_auth_failed, not_replicated, outcome_unknown, internal.
     pub error: String,
     pub message: String,

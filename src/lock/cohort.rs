@@ -240,6 +240,12 @@ impl State {
         Passing(Some(rx))
     }
 
+    /// Whether a live sale of this instance stands in the Redis queue for `lock`.
+    fn standing(&mut self, lock: RedisLock) -> bool {
+        self.queued.retain(|(_, w)| !w.is_closed());
+        self.queued.iter().any(|(l, _)| *l == lock)
+    }
+
     /// The sale of `lock` that has waited here longest joins again (its channel closes):
     /// with nobody of this instance in the Redis queue, it goes there, and the others keep
     /// their places behind it.
@@ -284,8 +290,7 @@ impl Cohort {
                 };
             }
         }
-        state.queued.retain(|(_, w)| !w.is_closed());
-        let standing = state.queued.iter().any(|(l, _)| *l == lock);
+        let standing = state.standing(lock);
         // Older sales of this instance wait for this lock with nobody standing in the Redis
         // queue for them (one was just told to go): the oldest goes, this one waits its turn
         // behind them rather than overtaking them in Redis.
@@ -312,8 +317,7 @@ impl Cohort {
     /// Redis themselves now (their channels close), unless a tenure here will serve them.
     pub fn left_redis_queue(&self, lock: RedisLock) {
         if let Ok(mut state) = self.state.lock() {
-            state.queued.retain(|(_, w)| !w.is_closed());
-            let standing = state.queued.iter().any(|(l, _)| *l == lock);
+            let standing = state.standing(lock);
             let serving = state.held && state.lock == Some(lock);
             if !(standing || serving) {
                 state.wake_first(lock);
@@ -399,8 +403,8 @@ impl Cohort {
 
     /// Whether a sale of `lock` waits here for a tenure (or stands in the Redis queue for it).
     pub fn has_waiter(&self, lock: RedisLock) -> bool {
-        self.state.lock().is_ok_and(|s| {
-            s.queued.iter().any(|(l, w)| *l == lock && !w.is_closed())
+        self.state.lock().is_ok_and(|mut s| {
+            s.standing(lock)
                 || s.waiters
                     .iter()
                     .any(|(l, _, w)| *l == lock && !w.is_closed())

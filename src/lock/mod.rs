@@ -690,7 +690,6 @@ impl Locks {
         if let Some(token) = tenure.take_token() {
             return Some((Some(token), Hold::Cohort(tenure)));
         }
-        tenure.prefetched = None;
         let newest = self.cx.newest_fence.load(Ordering::Acquire);
         let draw = &scripts::draw_fences(
             &self.cx.store.keys,
