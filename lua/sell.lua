@@ -14,7 +14,7 @@
 --     the whole transaction and this never ran). Writes the caller's value, and announces
 --     the lock-free write so that a locked sale that read before it is refused.
 -- KEYS[1]: the stock key
--- KEYS[2]: the ledger (a stream of at most ARGV[7] entries)
+-- KEYS[2]: the ledger (a stream of about ARGV[5] entries)
 -- KEYS[3]: the number of sales since the last reset
 -- KEYS[4]: a bitmap of the remaining-stock values already sold, bit (initial - 1 - value),
 --          so that it grows with the sales made, not with the size of the stock
@@ -22,29 +22,30 @@
 -- KEYS[6]: the newest fencing token the store has seen under this kind of lock (single-node
 --          or quorum; the kinds do not exclude each other, so each keeps its own)
 -- KEYS[7]: the count of lock-free writes (atomic sales and resets), never reset
--- KEYS[8]: the sale's idempotency key (untouched when ARGV[5] is '')
+-- KEYS[8]: the sale's idempotency key (untouched when ARGV[3] is '')
 -- KEYS[9]: the initial stock (the bitmap counts down from it)
 -- KEYS[10]: 'locked' only: the count of writes under the other kind of lock (checked)
 -- KEYS[11]: 'locked' only: the count of writes under this kind of lock (incremented)
 -- ARGV[1]: mode, 'locked', 'optimistic' or 'atomic'
--- ARGV[2]: order id
--- ARGV[3]: instance name
--- ARGV[4]: strategy name
--- ARGV[5]: the idempotency claim this sale holds ('pending:<order id>'), or ''
--- ARGV[6]: how long the idempotency key keeps the result, in milliseconds
--- ARGV[7]: the ledger's cap (exact: one entry trimmed per sale once full)
--- ARGV[8]: 'locked' and 'optimistic': the new stock value
--- ARGV[9]: 'locked' only: the fencing token, or '' when the strategy has none
--- ARGV[10]: 'locked' only: the lock-free write count the caller read with the stock
--- ARGV[11]: 'locked' only: the other-lock write count the caller read with the stock
+-- ARGV[2]: the ledger entry's JSON without its closing brace and without the figures only
+--          this script knows: '{"order_id":..,"instance":..,"strategy":..' (the caller
+--          escapes the strings; here only numbers are appended, so no cjson per sale)
+-- ARGV[3]: the idempotency claim this sale holds ('pending:<order id>'), or ''
+-- ARGV[4]: how long the idempotency key keeps the result, in milliseconds
+-- ARGV[5]: the ledger's cap ('~': Redis trims whole nodes of the stream, so a little more
+--          is kept; trimming one entry per sale cost more than the rest of the write)
+-- ARGV[6]: 'locked' and 'optimistic': the new stock value
+-- ARGV[7]: 'locked' only: the fencing token, or '' when the strategy has none
+-- ARGV[8]: 'locked' only: the lock-free write count the caller read with the stock
+-- ARGV[9]: 'locked' only: the other-lock write count the caller read with the stock
 -- returns: {1, stock left} when sold; {0, newest token} for a stale fencing token;
 --          {2, 0} when the idempotency claim expired or was taken; {3, 0} when a lock-free
 --          writer, or one under the other kind of lock, wrote since the read; {4, 0} when the stock key is missing (never stocked,
 --          or Redis lost its data); {5, 0} when nothing is left (atomic only).
 --          Nothing is written in any case but the first.
 local locked = ARGV[1] == 'locked'
-local fence = locked and tonumber(ARGV[9]) or nil
-if ARGV[5] ~= '' and redis.call('GET', KEYS[8]) ~= ARGV[5] then
+local fence = locked and tonumber(ARGV[7]) or nil
+if ARGV[3] ~= '' and redis.call('GET', KEYS[8]) ~= ARGV[3] then
   return {2, 0}
 end
 local current = redis.call('GET', KEYS[1])
@@ -54,8 +55,8 @@ end
 -- Writers that do not take this lock first: a sale under the other kind of lock draws its
 -- token from the same counter, so a newer token may be one of theirs, and this sale's lock
 -- was then not lost (stock_changed, not stale_fence).
-if locked and ((redis.call('GET', KEYS[7]) or '0') ~= ARGV[10]
-    or (redis.call('GET', KEYS[10]) or '0') ~= ARGV[11]) then
+if locked and ((redis.call('GET', KEYS[7]) or '0') ~= ARGV[8]
+    or (redis.call('GET', KEYS[10]) or '0') ~= ARGV[9]) then
   return {3, 0}
 end
 if fence then
@@ -70,10 +71,10 @@ if locked then
   if fence then
     redis.call('SET', KEYS[6], fence)
   end
-  remaining = tonumber(ARGV[8])
+  remaining = tonumber(ARGV[6])
   redis.call('SET', KEYS[1], remaining)
 elseif ARGV[1] == 'optimistic' then
-  remaining = tonumber(ARGV[8])
+  remaining = tonumber(ARGV[6])
   redis.call('SET', KEYS[1], remaining)
   redis.call('INCR', KEYS[7])
 else
@@ -83,9 +84,12 @@ else
   remaining = redis.call('DECR', KEYS[1])
   redis.call('INCR', KEYS[7])
 end
-local entry = cjson.encode({order_id = ARGV[2], instance = ARGV[3], strategy = ARGV[4],
-  remaining = remaining, fence = fence})
-redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[7], '*', 'sale', entry)
+local entry = ARGV[2] .. ',"remaining":' .. remaining
+if fence then
+  entry = entry .. ',"fence":' .. fence
+end
+entry = entry .. '}'
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'sale', entry)
 redis.call('INCR', KEYS[3])
 -- One bit per remaining value: a value sold twice is the tutorial's "76 sold twice".
 -- Only values sold more than once go into the hash, so the audit reads O(duplicates).
@@ -97,7 +101,7 @@ if bit < 0 or remaining < 0 or redis.call('SETBIT', KEYS[4], bit, 1) == 1 then
     redis.call('HSET', KEYS[5], remaining, 2)
   end
 end
-if ARGV[5] ~= '' then
-  redis.call('SET', KEYS[8], 'sold:' .. entry, 'PX', ARGV[6])
+if ARGV[3] ~= '' then
+  redis.call('SET', KEYS[8], 'sold:' .. entry, 'PX', ARGV[4])
 end
 return {1, remaining}

@@ -496,6 +496,26 @@ impl Entry<'_> {
     fn claim_keep_ms(&self) -> u64 {
         self.claim.map_or(0, |c| c.keep.as_millis() as u64)
     }
+
+    /// The ledger entry's JSON up to the figures only the write knows (the stock left, the
+    /// token), which `sell.lua` appends with the closing brace: the strings are escaped
+    /// here, once, and the script only concatenates numbers.
+    fn head(&self) -> String {
+        #[derive(serde::Serialize)]
+        struct Head<'a> {
+            order_id: &'a str,
+            instance: &'a str,
+            strategy: &'a str,
+        }
+        let mut head = serde_json::to_string(&Head {
+            order_id: self.order_id,
+            instance: self.instance,
+            strategy: self.strategy,
+        })
+        .expect("a struct of strings always serializes");
+        head.pop();
+        head
+    }
 }
 
 /// What a sale's write did. Nothing was written in any case but `Written`.
@@ -1182,21 +1202,26 @@ impl Store {
         )))
     }
 
-    /// The ledger entries still kept (the newest `LEDGER_MAX` or so), oldest first.
+    /// The newest `LEDGER_MAX` ledger entries, oldest first (the stream may keep a few
+    /// more: the write trims whole nodes of it).
     pub async fn ledger(&self) -> RedisResult<Vec<String>> {
         let key = &self.keys.ledger;
+        let cap = self.ledger_cap;
         let entries: Vec<(String, Vec<(String, String)>)> = self
             .call(|mut c| async move {
-                redis::cmd("XRANGE")
+                redis::cmd("XREVRANGE")
                     .arg(key)
-                    .arg("-")
                     .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(cap)
                     .query_async(&mut c)
                     .await
             })
             .await?;
         Ok(entries
             .into_iter()
+            .rev()
             .flat_map(|(_, fields)| fields.into_iter().map(|(_, entry)| entry))
             .collect())
     }

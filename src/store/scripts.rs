@@ -203,9 +203,7 @@ pub fn sell(
             SellMode::Optimistic { .. } => "optimistic",
             SellMode::Locked { .. } => "locked",
         })
-        .arg(entry.order_id)
-        .arg(entry.instance)
-        .arg(entry.strategy)
+        .arg(entry.head())
         .arg(entry.claim_marker())
         .arg(entry.claim_keep_ms())
         .arg(ledger_cap);

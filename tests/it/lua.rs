@@ -307,6 +307,49 @@ async fn an_unfenced_write_records_the_sale_and_counts_a_value_sold_twice() {
 }
 
 #[tokio::test]
+async fn every_ledger_entry_is_json_whatever_the_instance_is_called() {
+    let (redis, _c, _k) = setup().await;
+    let store = store(&redis);
+    store.reset(1_000_000).await.unwrap();
+    let awkward = "app \"1\" \\ é\u{7}";
+    let entry = Entry {
+        order_id: "o-\"2",
+        instance: awkward,
+        strategy: "fenced",
+        claim: None,
+    };
+    assert_eq!(
+        store.atomic_sale(&entry).await.unwrap(),
+        Recorded::Written(999_999)
+    );
+    let seen = read(&store, Some(123_456_789_012)).await.1;
+    assert_eq!(
+        store
+            .record_sale(999_998, &entry, Some(123_456_789_012), seen)
+            .await
+            .unwrap(),
+        Recorded::Written(999_998)
+    );
+    let ledger: Vec<serde_json::Value> = store
+        .ledger()
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap_or_else(|err| panic!("{e}: {err}")))
+        .collect();
+    assert_eq!(
+        ledger,
+        [
+            serde_json::json!({"order_id": "o-\"2", "instance": awkward, "strategy": "fenced",
+                "remaining": 999_999}),
+            serde_json::json!({"order_id": "o-\"2", "instance": awkward, "strategy": "fenced",
+                "remaining": 999_998, "fence": 123_456_789_012_u64}),
+        ],
+        "strings kept as sent, numbers as numbers, no fence where there is none"
+    );
+}
+
+#[tokio::test]
 async fn the_atomic_sale_stops_at_zero() {
     let (redis, _c, _k) = setup().await;
     let store = store(&redis);
