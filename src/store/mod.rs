@@ -861,12 +861,14 @@ impl Store {
         // After Redis was gone a while, the shared connection's last reconnection may have
         // been refused; the manager hands that refusal to the next call and only then
         // reconnects, however long Redis has been back. A refused call reached no Redis:
-        // sent again once, on the connection the manager is opening now.
+        // sent again once, on the connection the manager is opening now; under Sentinel,
+        // to the master the sentinels name now (a failover moved it away from the refusal).
         if let Err(e) = &result
             && e.is_connection_refusal()
             && self.uses_shared_connection()
         {
             self.after_error(e);
+            self.server.look_up_now().await;
             result = self.call_once(&f).await;
         }
         if let Err(e) = &result {

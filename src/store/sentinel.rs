@@ -9,7 +9,7 @@
 //! by themselves: 503s until Sentinel has promoted a replica, then the new master. At most
 //! one lookup runs at a time, and at most one starts per [`LOOKUP_INTERVAL`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -166,6 +166,9 @@ pub(super) struct Server {
 struct Lookup {
     client: tokio::sync::Mutex<SentinelClient>,
     running: AtomicBool,
+    /// Lookups finished so far: a caller that waited for the client while another lookup
+    /// ran takes that one's answer instead of asking again.
+    finished: AtomicU64,
 }
 
 impl Server {
@@ -224,6 +227,7 @@ impl Server {
             lookup: Some(Lookup {
                 client: tokio::sync::Mutex::new(client),
                 running: AtomicBool::new(false),
+                finished: AtomicU64::new(0),
             }),
             timeout,
             pool: Mutex::new(pool),
@@ -311,15 +315,36 @@ impl Server {
         });
     }
 
+    /// Under Sentinel, looks the master up now and returns once the store follows the
+    /// answer, unless a lookup that ended meanwhile already gave one: for a call refused by
+    /// a master that is gone, which is sent again to the master the sentinels name, not to
+    /// the same dead address (the first sale of each instance after a failover would
+    /// otherwise fail, until the next lookup).
+    pub async fn look_up_now(&self) {
+        let Some(lookup) = &self.lookup else {
+            return;
+        };
+        let seen = lookup.finished.load(Ordering::Acquire);
+        let mut client = lookup.client.lock().await;
+        if lookup.finished.load(Ordering::Acquire) != seen {
+            return;
+        }
+        self.follow_master_with(&mut client).await;
+        lookup.finished.fetch_add(1, Ordering::AcqRel);
+    }
+
     async fn follow_master(&self) {
         let Some(lookup) = &self.lookup else {
             return;
         };
+        let mut client = lookup.client.lock().await;
+        self.follow_master_with(&mut client).await;
+        lookup.finished.fetch_add(1, Ordering::AcqRel);
+    }
+
+    async fn follow_master_with(&self, client: &mut SentinelClient) {
         // Each sentinel, and the server it names, is asked within the call bound.
-        let found = {
-            let mut client = lookup.client.lock().await;
-            tokio::time::timeout(self.timeout * 4, client.async_get_client()).await
-        };
+        let found = tokio::time::timeout(self.timeout * 4, client.async_get_client()).await;
         let master = match found {
             Ok(Ok(master)) => master,
             Ok(Err(e)) => {

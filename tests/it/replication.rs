@@ -270,6 +270,75 @@ async fn sales_follow_a_sentinel_failover_by_themselves_within_down_after_plus_f
     );
 }
 
+/// Once the sentinels name the promoted replica, the first sale of every instance sells,
+/// however long the instance has not looked: its call refused by the dead master is sent
+/// again to the master the sentinels name now, not to the same address. The instances are
+/// frozen through the failover, so that no lookup of their own finds the new master first.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_failover_each_instances_first_sale_sells_on_the_promoted_master() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let (mut master, replica) = master_and_replica().await;
+    let timing = SentinelTiming::default();
+    let sentinels = sentinels_for(&master, timing).await;
+    let list = sentinel_list(&sentinels);
+    let mut apps = Vec::new();
+    // app1 on one worker thread, app2 on one per core (the fixture's defaults).
+    for name in ["app1", "app2"] {
+        apps.push(
+            InstanceBuilder::new(&master, name)
+                .env("REDIS_SENTINELS", &list)
+                .env("REDIS_MASTER_NAME", MASTER_NAME)
+                .env("REDIS_TIMEOUT_MS", 500)
+                .start()
+                .await,
+        );
+    }
+    apps[0].reset(100).await;
+    for app in &apps {
+        assert_eq!(app.sale("strategy=fenced").await.status, 200);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stock_on(&replica).await != Some(98) {
+        assert!(Instant::now() < deadline, "the replica never got the sales");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pids: Vec<Pid> = apps.iter().map(|a| Pid::from_raw(a.pid() as i32)).collect();
+    for &pid in &pids {
+        kill(pid, Signal::SIGSTOP).unwrap();
+    }
+    master.stop().await;
+    let bound = timing.down_after + timing.failover_timeout + Duration::from_secs(5);
+    let deadline = Instant::now() + bound;
+    while testkit::master_port(&sentinels, MASTER_NAME).await != Some(replica.port()) {
+        assert!(Instant::now() < deadline, "no failover within {bound:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for &pid in &pids {
+        kill(pid, Signal::SIGCONT).unwrap();
+    }
+    let (first, second) = tokio::join!(
+        apps[0].sale("strategy=fenced"),
+        apps[1].sale("strategy=fenced")
+    );
+    let mut remaining = Vec::new();
+    for (app, sale) in apps.iter().zip([first, second]) {
+        assert_eq!(
+            sale.status,
+            200,
+            "first sale after the failover: {sale:?}\n{}",
+            app.log()
+        );
+        remaining.extend(sale.body["remaining"].as_i64());
+    }
+    remaining.sort_unstable();
+    assert_eq!(
+        remaining,
+        [96, 97],
+        "both sold on the promoted replica, after the 2 before"
+    );
+}
+
 /// An instance that starts while the master the sentinels name is dead (mid-failover, or
 /// with every sentinel down) starts all the same, as it does with Redis down: not ready,
 /// 503s, and sales once Sentinel has promoted the replica, without a restart.
