@@ -55,6 +55,10 @@ NODE5_PORT=${NODE5_PORT:-7005}
 NODE6_PORT=${NODE6_PORT:-7006}
 # A node unreachable this long is failed and its replica promoted: fast, for a demo.
 CLUSTER_NODE_TIMEOUT_MS=${CLUSTER_NODE_TIMEOUT_MS:-1000}
+# The two instances share the machine's cores with each other, nginx and Redis: each gets
+# half of them (at least one) instead of a thread per core that would preempt the others.
+cores=$(nproc 2>/dev/null || echo 2)
+WORKER_THREADS=${WORKER_THREADS:-$((cores / 2 > 0 ? cores / 2 : 1))}
 INVENTORY_BIN=$(realpath -m "${INVENTORY_BIN:-$root/target/release/inventory}")
 NGINX_BIN=${NGINX_BIN:-$(command -v nginx || echo /usr/sbin/nginx)}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-30}
@@ -293,7 +297,7 @@ start_app() {
       store=(REDIS_CLUSTER="$(IFS=,; echo "${seeds[*]}")")
       ;;
   esac
-  env PORT="$port" BIND_ADDR=127.0.0.1 INSTANCE_NAME="$name" "${store[@]}" \
+  env PORT="$port" BIND_ADDR=127.0.0.1 INSTANCE_NAME="$name" WORKER_THREADS="$WORKER_THREADS" "${store[@]}" \
     LOCK_NODES="redis://127.0.0.1:$LOCK1_PORT,redis://127.0.0.1:$LOCK2_PORT,redis://127.0.0.1:$LOCK3_PORT" \
     setsid "$INVENTORY_BIN" >>"$RUN_DIR/$name.log" 2>&1 </dev/null &
   echo $! >"$(pidfile "$name")"

@@ -130,6 +130,14 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub ledger_max: u64,
 
+    /// Threads that run the instance's requests; unset, one per core. Instances that share
+    /// a machine's cores with each other (and with nginx and Redis, as `make up` runs them)
+    /// do better with their share: a thread more than the cores it gets is woken across
+    /// cores for every Redis reply, and preempted.
+    #[arg(long, env = "WORKER_THREADS",
+          value_parser = clap::value_parser!(u16).range(1..=1_024))]
+    pub worker_threads: Option<u16>,
+
     /// Most client connections one instance keeps open at once; more wait in the listen
     /// backlog. Bounds what slow or idle clients can hold.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1_024,

@@ -5,8 +5,7 @@ use tracing_subscriber::EnvFilter;
 
 use inventory::config::{Config, LogFormat};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     if config.openapi {
         println!(
@@ -24,5 +23,12 @@ async fn main() -> anyhow::Result<()> {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().flatten_event(true).with_span_list(false).init(),
     }
-    inventory::server::run(config).await
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = config.worker_threads {
+        runtime.worker_threads(usize::from(threads));
+    }
+    runtime
+        .enable_all()
+        .build()?
+        .block_on(inventory::server::run(config))
 }

@@ -80,6 +80,12 @@ pub fn default_env(redis_url: &str, name: &str) -> BTreeMap<String, String> {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .chain(
+        // The first instance runs on one worker thread, as `make up` runs each on two
+        // cores; the others on one per core: every two-instance test covers both.
+        name.ends_with('1')
+            .then(|| ("WORKER_THREADS".to_owned(), "1".to_owned())),
+    )
     .collect()
 }
 
