@@ -118,8 +118,16 @@ pub struct Load {
     /// How long one acquire may wait before it counts as a timeout.
     pub wait_budget: Duration,
     pub ttl: Duration,
-    /// Each client on a one-thread Tokio runtime instead of two worker threads.
-    pub single_thread: bool,
+    /// Worker threads of each client's Tokio runtime.
+    pub client_threads: usize,
+}
+
+/// Worker threads of a client process unless told otherwise: what `make up` gives a
+/// service instance, half the cores (at least one), since the clients, like instances,
+/// share the machine's cores with each other and with Redis.
+pub fn default_client_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
+    (cores / 2).max(1)
 }
 
 impl Default for Load {
@@ -128,7 +136,7 @@ impl Default for Load {
             duration: Duration::from_secs(10),
             wait_budget: Duration::from_secs(10),
             ttl: Duration::from_secs(30),
-            single_thread: false,
+            client_threads: default_client_threads(),
         }
     }
 }
@@ -223,12 +231,7 @@ pub async fn run(
                 &load.wait_budget.as_millis().to_string(),
             ])
             .args(["--ttl-ms", &load.ttl.as_millis().to_string()])
-            .args(
-                load.single_thread
-                    .then_some(["--runtime", "current-thread"])
-                    .into_iter()
-                    .flatten(),
-            )
+            .args(["--threads", &load.client_threads.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -39,17 +39,10 @@ struct Args {
     /// Exit 1 unless every run lost no update and had no timeout (for tests).
     #[arg(long)]
     check: bool,
-    /// The Tokio runtime of each client process (rslock's included).
-    #[arg(long, value_enum, default_value_t = ClientRuntime::MultiThread)]
-    client_runtime: ClientRuntime,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum ClientRuntime {
-    /// Two worker threads, as a service instance with two cores has.
-    MultiThread,
-    /// One thread.
-    CurrentThread,
+    /// Worker threads of each client process's Tokio runtime (rslock's included); unset,
+    /// what `make up` gives an instance: half the cores, at least one.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    client_threads: Option<u16>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -69,28 +62,18 @@ enum Child {
         wait_budget_ms: u64,
         #[arg(long)]
         ttl_ms: u64,
-        #[arg(long, value_enum, default_value_t = ClientRuntime::MultiThread)]
-        runtime: ClientRuntime,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
     },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     let runtime = match &args.child {
-        // Each client is one small service instance: two worker threads, as a container
-        // with a CPU limit would have, so that 64 of them do not each spawn a thread per
-        // core. Or, with `--client-runtime current-thread`, one thread: a client runs one
-        // critical section at a time, and a multi-threaded runtime may hand a Redis reply
-        // from the connection's task to a task on the other worker (a futex wake-up and a
-        // context switch). rslock's clients run in the same kind of runtime.
-        Some(Child::Child {
-            runtime: ClientRuntime::CurrentThread,
-            ..
-        }) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-        Some(_) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+        // Each client is one small service instance, with the worker threads it is given
+        // (its loop runs in a task on them, as a sale does in an instance).
+        Some(Child::Child { threads, .. }) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads((*threads).max(1))
             .enable_all()
             .build(),
         None => tokio::runtime::Builder::new_multi_thread()
@@ -126,7 +109,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             duration: Duration::from_millis(duration_ms),
             wait_budget: Duration::from_millis(wait_budget_ms),
             ttl: Duration::from_millis(ttl_ms),
-            single_thread: false,
+            client_threads: 1,
         };
         lockbench::client(&redis, Contender::parse(&contender)?, id, load).await?;
         return Ok(true);
@@ -139,7 +122,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let load = Load {
         duration: Duration::from_secs_f64(args.duration),
         wait_budget: Duration::from_secs_f64(args.wait_budget),
-        single_thread: args.client_runtime == ClientRuntime::CurrentThread,
+        client_threads: args
+            .client_threads
+            .map_or_else(lockbench::default_client_threads, usize::from),
         ..Load::default()
     };
     let exe = std::env::current_exe()?;
