@@ -270,7 +270,33 @@ async fn sales_follow_a_sentinel_failover_by_themselves_within_down_after_plus_f
     );
 }
 
-/// Once the sentinels name the promoted replica, the first sale of every instance sells,
+/// Whether a sentinel has finished the failover to `port`: it lists the master there, with
+/// no down flag. (`get-master-addr-by-name` names the promoted replica earlier, while the
+/// failover still runs; a client then finds no master yet.)
+async fn failover_done(sentinels: &[SentinelProcess], port: u16) -> bool {
+    for sentinel in sentinels {
+        let Ok(mut c) = sentinel.connection().await else {
+            continue;
+        };
+        let master: redis::RedisResult<std::collections::HashMap<String, String>> =
+            redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(MASTER_NAME)
+                .query_async(&mut c)
+                .await;
+        if let Ok(master) = master
+            && master.get("port") == Some(&port.to_string())
+            && master.get("flags").is_some_and(|f| {
+                f.contains("master") && !f.contains("s_down") && !f.contains("o_down")
+            })
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// Once a sentinel has finished the failover, the first sale of every instance sells,
 /// however long the instance has not looked: its call refused by the dead master is sent
 /// again to the master the sentinels name now, not to the same address. The instances are
 /// frozen through the failover, so that no lookup of their own finds the new master first.
@@ -304,13 +330,17 @@ async fn after_a_failover_each_instances_first_sale_sells_on_the_promoted_master
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let pids: Vec<Pid> = apps.iter().map(|a| Pid::from_raw(a.pid() as i32)).collect();
+    master.stop().await;
+    // Frozen once their connections have seen the master go (a connection that learns it
+    // only from the next request's write cannot tell whether that request reached Redis,
+    // and answers 503), and before any lookup of theirs can find the new master.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     for &pid in &pids {
         kill(pid, Signal::SIGSTOP).unwrap();
     }
-    master.stop().await;
     let bound = timing.down_after + timing.failover_timeout + Duration::from_secs(5);
     let deadline = Instant::now() + bound;
-    while testkit::master_port(&sentinels, MASTER_NAME).await != Some(replica.port()) {
+    while !failover_done(&sentinels, replica.port()).await {
         assert!(Instant::now() < deadline, "no failover within {bound:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
