@@ -80,7 +80,7 @@ pub struct Config {
     pub lock_nodes: Option<String>,
 
     /// Name reported in `X-Instance` and in every sale; defaults to `<host>:<port>`.
-    #[arg(long, env = "INSTANCE_NAME")]
+    #[arg(long, env = "INSTANCE_NAME", value_parser = parse_instance_name)]
     pub instance_name: Option<String>,
 
     /// Lock strategy used when a sale does not name one (see `GET /strategies`).
@@ -134,8 +134,7 @@ pub struct Config {
     /// a machine's cores with each other (and with nginx and Redis, as `make up` runs them)
     /// do better with their share: a thread more than the cores it gets is woken across
     /// cores for every Redis reply, and preempted.
-    #[arg(long, env = "WORKER_THREADS",
-          value_parser = clap::value_parser!(u16).range(1..=1_024))]
+    #[arg(long, env = "WORKER_THREADS", value_parser = parse_worker_threads)]
     pub worker_threads: Option<u16>,
 
     /// Most client connections one instance keeps open at once; more wait in the listen
@@ -369,6 +368,29 @@ fn parse_admin_token(token: &str) -> Result<String, String> {
     }
 }
 
+/// Longest instance name: it goes out in every answer's `X-Instance` header, and nginx
+/// answers 502 for a response whose headers overflow its 4 KiB buffer (after the sale).
+const MAX_INSTANCE_NAME: usize = 256;
+
+fn parse_instance_name(name: &str) -> Result<String, String> {
+    if name.len() > MAX_INSTANCE_NAME {
+        Err(format!(
+            "INSTANCE_NAME is {} bytes; at most {MAX_INSTANCE_NAME} (it is sent in every answer's X-Instance header)",
+            name.len()
+        ))
+    } else {
+        Ok(name.to_owned())
+    }
+}
+
+fn parse_worker_threads(value: &str) -> Result<u16, String> {
+    value
+        .parse::<u16>()
+        .ok()
+        .filter(|n| (1..=1_024).contains(n))
+        .ok_or_else(|| format!("WORKER_THREADS is {value:?}; valid: a whole number in 1..=1024"))
+}
+
 fn parse_strategy(name: &str) -> Result<Strategy, String> {
     name.parse()
 }
@@ -500,6 +522,39 @@ mod tests {
             "",
             "unset leaves admin endpoints open"
         );
+    }
+
+    #[test]
+    fn an_instance_name_too_long_for_a_header_buffer_is_refused_at_start_up() {
+        let long = "a".repeat(MAX_INSTANCE_NAME + 1);
+        let err = Config::try_parse_from(["inventory", "--instance-name", &long])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most 256"), "{err}");
+        let fits = "a".repeat(MAX_INSTANCE_NAME);
+        let config = Config::try_parse_from(["inventory", "--instance-name", &fits]).unwrap();
+        assert_eq!(config.instance_name.as_deref(), Some(fits.as_str()));
+    }
+
+    #[test]
+    fn a_bad_worker_thread_count_is_refused_naming_the_range() {
+        for bad in [
+            "0",
+            "-1",
+            "1025",
+            "abc",
+            "",
+            " 2",
+            "1.5",
+            "99999999999999999999",
+        ] {
+            let err = Config::try_parse_from(["inventory", &format!("--worker-threads={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("1..=1024"), "{bad:?}: {err}");
+        }
+        let config = Config::try_parse_from(["inventory", "--worker-threads", "1"]).unwrap();
+        assert_eq!(config.worker_threads, Some(1));
     }
 
     #[test]

@@ -868,7 +868,9 @@ impl Store {
             && self.uses_shared_connection()
         {
             self.after_error(e);
-            self.server.look_up_now().await;
+            // Within the call's own bound: a sentinel that is slow to answer must not turn
+            // a fast 503 into a wait of seconds (the lookup goes on in the background).
+            let _ = tokio::time::timeout(self.timeout, self.server.look_up_now()).await;
             result = self.call_once(&f).await;
         }
         if let Err(e) = &result {
