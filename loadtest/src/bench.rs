@@ -144,7 +144,7 @@ pub async fn http(inventory: &Path, options: &Options) -> anyhow::Result<HttpFig
     let d = options.http_duration;
     let health = LoadTest::new(plan(Vec::new(), options.connections))?;
     let wrk_health_rps = wrk(&nginx.url(), options.connections, d).await?;
-    let loadtest_health_rps = health.health(d).await.requests_per_s;
+    let loadtest_health_rps = health.health(d).await?.requests_per_s;
 
     let mut sales_per_s = Vec::new();
     let mut sale_errors = Vec::new();

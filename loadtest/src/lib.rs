@@ -6,6 +6,7 @@
 //! contract breaks this crate's build rather than its numbers.
 
 pub mod bench;
+pub mod conn;
 pub mod failover;
 pub mod html;
 pub mod items;
@@ -214,7 +215,12 @@ pub type Progress = Arc<dyn Fn() + Send + Sync>;
 
 pub struct LoadTest {
     plan: Plan,
+    /// Resets and audits.
     http: reqwest::Client,
+    /// The sales and `--health`: a connection of its own per worker (see [`conn`]).
+    target: Arc<conn::Target>,
+    /// How long one sale may take before it counts as a `timeout`.
+    request_timeout: Duration,
     /// Throughput mode: sell for this long instead of `plan.requests` times.
     duration: Option<Duration>,
     failover: Option<failover::Failover>,
@@ -239,15 +245,18 @@ impl LoadTest {
         if plan.requests == 0 || plan.concurrency == 0 {
             bail!("--requests and --concurrency must be at least 1");
         }
+        let request_timeout = Duration::from_millis(plan.work_ms) + Duration::from_secs(60);
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(plan.concurrency)
-            .timeout(Duration::from_millis(plan.work_ms) + Duration::from_secs(60))
+            .timeout(request_timeout)
             .build()?;
         let plan = Plan {
             target: plan.target.trim_end_matches('/').to_owned(),
             ..plan
         };
         Ok(Self {
+            target: Arc::new(conn::Target::parse(&plan.target)?),
+            request_timeout,
             plan,
             http,
             duration: None,
@@ -291,39 +300,33 @@ impl LoadTest {
 
     /// `GET /health` as fast as `plan.concurrency` keep-alive connections allow, for
     /// `duration`: the generator's own ceiling, to compare with `wrk` on the same target.
-    pub async fn health(&self, duration: Duration) -> HealthReport {
-        let url = format!("{}/health", self.plan.target);
+    pub async fn health(&self, duration: Duration) -> anyhow::Result<HealthReport> {
         let started = Instant::now();
         let end = started + duration;
         let workers = (0..self.plan.concurrency).map(|_| {
-            let url = url.as_str();
+            let mut conn = conn::Conn::new(self.target.clone(), self.request_timeout);
             async move {
                 let (mut ok, mut failed) = (0u64, 0u64);
                 while Instant::now() < end {
-                    let fine = match self.http.get(url).send().await {
-                        Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
-                        Err(_) => false,
-                    };
-                    if fine {
-                        ok += 1;
-                    } else {
-                        failed += 1;
+                    match conn.send(hyper::Method::GET, "/health").await {
+                        Ok(answer) if answer.status == 200 => ok += 1,
+                        _ => failed += 1,
                     }
                 }
                 (ok, failed)
             }
         });
-        let counts = futures_util::future::join_all(workers).await;
+        let counts = spawn_all(workers).await?;
         let secs = started.elapsed().as_secs_f64().max(1e-9);
         let requests: u64 = counts.iter().map(|c| c.0).sum();
-        HealthReport {
+        Ok(HealthReport {
             endpoint: "/health".into(),
             concurrency: self.plan.concurrency,
             duration_s: (secs * 1e3).round() / 1e3,
             requests,
             errors: counts.iter().map(|c| c.1).sum(),
             requests_per_s: (requests as f64 / secs).round(),
-        }
+        })
     }
 
     pub fn plan(&self) -> &Plan {
@@ -339,25 +342,39 @@ impl LoadTest {
         let started = Instant::now();
         let end = self.duration.map(|d| started + d);
         let next = Arc::new(AtomicUsize::new(0));
-        let deck = items::Deck::new(self.items());
+        let deck = Arc::new(items::Deck::new(self.items()));
+        let sale_paths: Arc<Vec<String>> = Arc::new(
+            self.item_paths
+                .iter()
+                .map(|path| {
+                    format!(
+                        "{path}/sale?strategy={strategy}&work_ms={}",
+                        self.plan.work_ms
+                    )
+                })
+                .collect(),
+        );
         let workers = match end {
             Some(_) => self.plan.concurrency,
             None => self.plan.concurrency.min(self.plan.requests),
         };
+        let requests = self.plan.requests;
         let workers = (0..workers).map(|_| {
             let next = next.clone();
             let progress = progress.clone();
-            let deck = &deck;
+            let deck = deck.clone();
+            let sale_paths = sale_paths.clone();
+            let mut conn = conn::Conn::new(self.target.clone(), self.request_timeout);
             async move {
                 let mut done = Vec::new();
                 let more = || match end {
                     Some(end) => Instant::now() < end,
-                    None => next.fetch_add(1, Ordering::Relaxed) < self.plan.requests,
+                    None => next.fetch_add(1, Ordering::Relaxed) < requests,
                 };
                 while more() {
                     let item = deck.draw();
                     let sent = started.elapsed();
-                    let (outcome, latency) = self.sell_once(strategy, item).await;
+                    let (outcome, latency) = sell_once(&mut conn, &sale_paths[item]).await;
                     done.push(Sale {
                         item,
                         outcome,
@@ -389,8 +406,8 @@ impl LoadTest {
                 )
             }))
         };
-        let (results, killed) = tokio::join!(futures_util::future::join_all(workers), kill);
-        let results: Vec<Sale> = results.into_iter().flatten().collect();
+        let (results, killed) = tokio::join!(spawn_all(workers), kill);
+        let results: Vec<Sale> = results?.into_iter().flatten().collect();
         let killed = killed.transpose()?;
         let duration = started.elapsed();
         let audits = self.audits().await?;
@@ -422,30 +439,6 @@ impl LoadTest {
             report.failover = Some(killed);
         }
         Ok(report)
-    }
-
-    async fn sell_once(&self, strategy: Strategy, item: usize) -> (Outcome, Duration) {
-        let url = format!(
-            "{}{}/sale?strategy={strategy}&work_ms={}",
-            self.plan.target, self.item_paths[item], self.plan.work_ms
-        );
-        let started = Instant::now();
-        let outcome = match self.http.post(url).send().await {
-            Err(e) if e.is_connect() => Outcome::Error("connect".into()),
-            Err(e) if e.is_timeout() => Outcome::Error("timeout".into()),
-            Err(_) => Outcome::Error("transport".into()),
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let instance = response
-                    .headers()
-                    .get("x-instance")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
-                let body = response.bytes().await.unwrap_or_default();
-                classify(status, &body, instance)
-            }
-        };
-        (outcome, started.elapsed())
     }
 
     /// Resets every item, as many at once as the plan's concurrency.
@@ -513,6 +506,30 @@ impl LoadTest {
 /// How long an audit answered 503 is asked again: longer than a Sentinel failover
 /// (`down-after` plus the failover itself) or a cluster's replica promotion.
 const AUDIT_PATIENCE: Duration = Duration::from_secs(15);
+
+/// One sale on the worker's own connection, and how long it took.
+async fn sell_once(conn: &mut conn::Conn, path: &str) -> (Outcome, Duration) {
+    let started = Instant::now();
+    let outcome = match conn.send(hyper::Method::POST, path).await {
+        Ok(answer) => classify(answer.status, &answer.body, answer.instance),
+        Err(failure) => Outcome::Error(failure.kind().into()),
+    };
+    (outcome, started.elapsed())
+}
+
+/// Runs each worker as a task of its own, so that the runtime's threads share them (one
+/// future polling them all would keep the generator on one core), and collects their
+/// results in order.
+async fn spawn_all<T: Send + 'static>(
+    workers: impl Iterator<Item = impl std::future::Future<Output = T> + Send + 'static>,
+) -> anyhow::Result<Vec<T>> {
+    let handles: Vec<_> = workers.map(tokio::spawn).collect();
+    let mut results = Vec::with_capacity(handles.len());
+    for handle in handles {
+        results.push(handle.await.context("a load worker panicked")?);
+    }
+    Ok(results)
+}
 
 fn classify(status: u16, body: &[u8], instance: Option<String>) -> Outcome {
     if status == 200 {

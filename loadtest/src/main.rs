@@ -117,7 +117,7 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
     if args.health {
         let report = load
             .health(duration.unwrap_or(std::time::Duration::from_secs(10)))
-            .await;
+            .await?;
         if args.json {
             println!("{}", serde_json::to_string(&report)?);
         } else {

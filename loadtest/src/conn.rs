@@ -1,0 +1,293 @@
+//! The hot loop's HTTP: one keep-alive HTTP/1.1 connection per worker, on hyper's
+//! connection API, each worker a task of its own.
+//!
+//! `reqwest` (kept for resets and audits) spends about 30 us of CPU per request on its pool,
+//! timeouts and redirect policy; `wrk` spends about 11. On a 2-core machine that the
+//! generator shares with nginx, two instances and Redis, that difference decided how many
+//! requests per second the generator could measure at all. A worker owns its connection, so
+//! nothing is pooled or shared: it sends, reads the answer, and sends again.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+
+/// Where the connections go: `http://host:port`, with any path prefix kept.
+#[derive(Debug, Clone)]
+pub struct Target {
+    host: String,
+    port: u16,
+    /// The `Host` header.
+    authority: String,
+    /// Prepended to every path (empty for a bare `http://host:port`).
+    prefix: String,
+}
+
+impl Target {
+    pub fn parse(url: &str) -> anyhow::Result<Self> {
+        let uri: hyper::Uri = url
+            .parse()
+            .with_context(|| format!("{url} is not a URL (like http://127.0.0.1:8080)"))?;
+        if uri.scheme_str() != Some("http") {
+            bail!("{url}: only http:// targets are supported (nginx or an instance)");
+        }
+        let Some(authority) = uri.authority() else {
+            bail!("{url} names no host");
+        };
+        Ok(Self {
+            host: authority.host().trim_matches(['[', ']']).to_owned(),
+            port: authority.port_u16().unwrap_or(80),
+            authority: authority.as_str().to_owned(),
+            prefix: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+}
+
+/// Why a request got no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    Connect,
+    Timeout,
+    /// The connection broke after the request may have been sent.
+    Transport,
+}
+
+impl Failure {
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Timeout => "timeout",
+            Self::Transport => "transport",
+        }
+    }
+}
+
+/// An answer: status, `X-Instance`, body.
+pub struct Answer {
+    pub status: u16,
+    pub instance: Option<String>,
+    pub body: Bytes,
+}
+
+/// One worker's connection, opened on first use and again whenever the server closed it
+/// (nginx closes a keep-alive connection after `keepalive_requests`).
+pub struct Conn {
+    target: std::sync::Arc<Target>,
+    timeout: Duration,
+    sender: Option<SendRequest<Empty<Bytes>>>,
+}
+
+impl Conn {
+    pub fn new(target: std::sync::Arc<Target>, timeout: Duration) -> Self {
+        Self {
+            target,
+            timeout,
+            sender: None,
+        }
+    }
+
+    /// Sends `method path` (no body) and reads the whole answer, within the timeout.
+    pub async fn send(&mut self, method: Method, path: &str) -> Result<Answer, Failure> {
+        match tokio::time::timeout(self.timeout, self.exchange(method, path)).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                // The answer may still come on this connection; the next request must not
+                // read it as its own.
+                self.sender = None;
+                Err(Failure::Timeout)
+            }
+        }
+    }
+
+    async fn exchange(&mut self, method: Method, path: &str) -> Result<Answer, Failure> {
+        // A request the server never saw (its connection was closed first, as keep-alive
+        // connections are after a while) is sent again once on a new connection; one that may
+        // have been seen is not, because a sale must not be made twice by the generator.
+        let mut retried = false;
+        loop {
+            let request = Request::builder()
+                .method(method.clone())
+                .uri(format!("{}{path}", self.target.prefix))
+                .header(hyper::header::HOST, &self.target.authority)
+                .body(Empty::new())
+                .map_err(|_| Failure::Transport)?;
+            let sender = self.ready().await?;
+            match sender.send_request(request).await {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let instance = response
+                        .headers()
+                        .get("x-instance")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    let body = response.into_body().collect().await.map_err(|_| {
+                        self.sender = None;
+                        Failure::Transport
+                    })?;
+                    return Ok(Answer {
+                        status,
+                        instance,
+                        body: body.to_bytes(),
+                    });
+                }
+                Err(e) => {
+                    self.sender = None;
+                    if e.is_canceled() && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(Failure::Transport);
+                }
+            }
+        }
+    }
+
+    /// The open connection, ready for a request; a new one when the last was closed.
+    async fn ready(&mut self) -> Result<&mut SendRequest<Empty<Bytes>>, Failure> {
+        if let Some(sender) = &mut self.sender
+            && sender.ready().await.is_err()
+        {
+            self.sender = None;
+        }
+        if self.sender.is_none() {
+            self.sender = Some(self.connect().await?);
+        }
+        self.sender.as_mut().ok_or(Failure::Connect)
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Empty<Bytes>>, Failure> {
+        let stream = tokio::net::TcpStream::connect((self.target.host.as_str(), self.target.port))
+            .await
+            .map_err(|_| Failure::Connect)?;
+        // Requests are small and answered one at a time: Nagle would hold each back.
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|_| Failure::Connect)?;
+        // Ends when the connection does: the server closed it, or `sender` was dropped.
+        tokio::spawn(connection);
+        Ok(sender)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A peer that reads each request and answers it with `reply`, or closes without a word
+    /// when `reply` is `None`, then closes the connection; it counts the requests it read.
+    async fn peer(reply: Option<&'static str>) -> (Arc<Target>, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let port = listener.local_addr().expect("its address").port();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counter = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut buf = vec![0u8; 4096];
+                let mut read = Vec::new();
+                while !read.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => read.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if read.is_empty() {
+                    continue;
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                if let Some(reply) = reply {
+                    let _ = stream.write_all(reply.as_bytes()).await;
+                }
+            }
+        });
+        let target = Target::parse(&format!("http://127.0.0.1:{port}")).expect("its URL");
+        (Arc::new(target), seen)
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_server_closes_after_its_answer_is_opened_again() {
+        // nginx closes a keep-alive connection after `keepalive_requests`: the next request
+        // goes out on a new one instead of counting as an error.
+        let (target, seen) = peer(Some(
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nX-Instance: app1\r\nContent-Length: 2\r\n\r\nok",
+        ))
+        .await;
+        let mut conn = Conn::new(target, Duration::from_secs(5));
+        for n in 1..=5 {
+            let answer = conn.send(Method::POST, "/sale").await.expect("an answer");
+            assert_eq!(answer.status, 200);
+            assert_eq!(answer.instance.as_deref(), Some("app1"));
+            assert_eq!(&answer.body[..], b"ok");
+            assert_eq!(seen.load(Ordering::SeqCst), n, "each request was sent once");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_the_server_may_have_read_is_not_sent_twice() {
+        // A sale sent again could be a sale made twice: a connection that breaks after the
+        // request went out is a `transport` failure, reported once.
+        let (target, seen) = peer(None).await;
+        let mut conn = Conn::new(target, Duration::from_secs(5));
+        for n in 1..=3 {
+            let failure = conn.send(Method::POST, "/sale").await.err();
+            assert_eq!(failure, Some(Failure::Transport));
+            assert_eq!(seen.load(Ordering::SeqCst), n);
+        }
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_a_connect_failure_and_a_silent_server_a_timeout() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let port = listener.local_addr().expect("its address").port();
+        drop(listener);
+        let target = Arc::new(Target::parse(&format!("http://127.0.0.1:{port}")).expect("URL"));
+        let mut conn = Conn::new(target, Duration::from_secs(5));
+        assert_eq!(
+            conn.send(Method::GET, "/health").await.err(),
+            Some(Failure::Connect)
+        );
+
+        // Accepts (the kernel's backlog does) and never answers.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let port = silent.local_addr().expect("its address").port();
+        let target = Arc::new(Target::parse(&format!("http://127.0.0.1:{port}")).expect("URL"));
+        let mut conn = Conn::new(target, Duration::from_millis(200));
+        assert_eq!(
+            conn.send(Method::GET, "/health").await.err(),
+            Some(Failure::Timeout)
+        );
+        drop(silent);
+    }
+
+    #[test]
+    fn targets_keep_host_port_and_prefix_and_refuse_what_cannot_be_reached() {
+        let t = Target::parse("http://127.0.0.1:8080").expect("a plain target");
+        assert_eq!(
+            (t.host.as_str(), t.port, t.prefix.as_str()),
+            ("127.0.0.1", 8080, "")
+        );
+        assert_eq!(t.authority, "127.0.0.1:8080");
+        let t = Target::parse("http://nginx/shop/").expect("a host and a prefix");
+        assert_eq!(
+            (t.host.as_str(), t.port, t.prefix.as_str()),
+            ("nginx", 80, "/shop")
+        );
+        let t = Target::parse("http://[::1]:9000").expect("an IPv6 target");
+        assert_eq!((t.host.as_str(), t.port), ("::1", 9000));
+        for bad in ["https://example.test", "not a url", "/inventory"] {
+            assert!(Target::parse(bad).is_err(), "{bad} was taken");
+        }
+    }
+}
