@@ -252,10 +252,14 @@ impl Seller {
             order_id,
             claim,
         };
+        // The locked and optimistic sales are boxed: their state machines (the waits, the
+        // watchdog, the retries) are kilobytes, and an unboxed arm would make every sale's
+        // future, the `atomic` one's too, as large as the largest; axum moves the handler's
+        // future into a box of its own on every request.
         let outcome = match request.strategy {
             Strategy::Atomic => self.sell_atomic(item, &attempt).await,
-            Strategy::Optimistic => self.sell_optimistic(item, &attempt).await,
-            _ => self.sell_locked(item, &attempt).await,
+            Strategy::Optimistic => Box::pin(self.sell_optimistic(item, &attempt)).await,
+            _ => Box::pin(self.sell_locked(item, &attempt)).await,
         };
         if let (Some(claim), Err(e)) = (&attempt.claim, &outcome) {
             self.settle(item.store(), claim, e).await;

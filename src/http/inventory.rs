@@ -168,9 +168,14 @@ async fn sell(
         // half-way, between taking the lock and releasing it or between claiming an
         // idempotency key and settling it. The task keeps the request's span, and so its
         // request id.
-        let sale = async move { sell_in_place(&app, item.as_deref(), request, key.as_ref()).await };
-        tokio::spawn(sale.instrument(tracing::Span::current()))
-            .await
+        // Spawned in a block: a moved-from future still takes room in the handler's own
+        // future while its binding is in scope across an await.
+        let task = {
+            let sale =
+                async move { sell_in_place(&app, item.as_deref(), request, key.as_ref()).await };
+            tokio::spawn(sale.instrument(tracing::Span::current()))
+        };
+        task.await
             .map_err(|e| ApiError::Internal(format!("sale task failed: {e}")))??
     };
     let mut response = Json(completed.sold).into_response();

@@ -688,6 +688,16 @@ impl Store {
 
     /// A connection of its own, waiting at most `REDIS_POOL_WAIT_MS` for a free one.
     /// Connecting, and the checkout's `UNWATCH` + `PING`, are bounded by `REDIS_TIMEOUT_MS`.
+    /// [`Store::pooled`] in a box of its own: its future (a cluster lookup, the pool's
+    /// checkout) is about 7 KB, and every call's future, on every connection mode, would
+    /// otherwise be that large, to be moved and zeroed on each request.
+    fn pooled_boxed(
+        &self,
+    ) -> std::pin::Pin<Box<impl Future<Output = RedisResult<deadpool_redis::Connection>> + '_>>
+    {
+        Box::pin(self.pooled())
+    }
+
     pub async fn pooled(&self) -> RedisResult<deadpool_redis::Connection> {
         use deadpool_redis::{PoolError, TimeoutType};
         let pool = match &self.cluster {
@@ -870,7 +880,11 @@ impl Store {
             self.after_error(e);
             // Within the call's own bound: a sentinel that is slow to answer must not turn
             // a fast 503 into a wait of seconds (the lookup goes on in the background).
-            let _ = tokio::time::timeout(self.timeout, self.server.look_up_now()).await;
+            let _ = Box::pin(tokio::time::timeout(
+                self.timeout,
+                self.server.look_up_now(),
+            ))
+            .await;
             result = self.call_once(&f).await;
         }
         if let Err(e) = &result {
@@ -903,7 +917,7 @@ impl Store {
                     acks: acks.clone(),
                     barrier,
                 };
-                let conn = Conn::Acked(Box::new(Conn::Pooled(self.pooled().await?)), wait);
+                let conn = Conn::Acked(Box::new(Conn::Pooled(self.pooled_boxed().await?)), wait);
                 // Each exchange is bounded by the pooled connection's own reply timeout
                 // (store timeout + ack timeout); a call has at most a script's first run
                 // in it (EVALSHA, SCRIPT LOAD, EVALSHA), each with its WAIT behind it.
@@ -923,7 +937,9 @@ impl Store {
             // A pooled call that times out drops its connection back into the pool with
             // its reply outstanding; the checkout's PING (itself bounded) weeds out one
             // that is still stuck. Calls never leave a WATCH or a MULTI open.
-            (None, ConnectionMode::Pool) => (Conn::Pooled(self.pooled().await?), self.timeout),
+            (None, ConnectionMode::Pool) => {
+                (Conn::Pooled(self.pooled_boxed().await?), self.timeout)
+            }
         };
         match tokio::time::timeout(bound, f(conn)).await {
             Ok(result) => result,
