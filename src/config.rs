@@ -19,11 +19,11 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 #[command(name = "inventory", version, about, long_about = None)]
 pub struct Config {
     /// TCP port to listen on.
-    #[arg(long, env = "PORT", default_value_t = 7777)]
+    #[arg(long, env = "PORT", default_value_t = 7777, value_parser = whole_u16::<0, 65_535>)]
     pub port: u16,
 
     /// Address to listen on (0.0.0.0 inside a container).
-    #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1")]
+    #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1", value_parser = parse_bind_addr)]
     pub bind_addr: IpAddr,
 
     /// Redis connection URL (redis://[:password@]host:port[/db]).
@@ -93,12 +93,12 @@ pub struct Config {
     /// longest work allowed (`MAX_WORK_MS`) and half the wait budget, so a waiting sale
     /// outlives a crashed holder.
     #[arg(long, env = "LOCK_TTL_MS", default_value_t = 5_000,
-          value_parser = clap::value_parser!(u64).range(30..=3_600_000))]
+          value_parser = whole::<30, 3_600_000>)]
     pub lock_ttl_ms: u64,
 
     /// How long a sale may wait for a held lock, in milliseconds, before answering 503.
     #[arg(long, env = "LOCK_WAIT_MS", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+          value_parser = whole::<0, 600_000>)]
     pub lock_wait_ms: u64,
 
     /// How a waiting sale learns that the lock is free.
@@ -109,7 +109,7 @@ pub struct Config {
     /// instance's own sales before it goes back to the queue, in milliseconds (shorter when
     /// others wait; at most a quarter of `LOCK_TTL_MS`); 0 hands every release to the queue.
     #[arg(long, env = "LOCK_TENURE_MS", default_value_t = 5,
-          value_parser = clap::value_parser!(u64).range(0..=1_000))]
+          value_parser = whole::<0, 1_000>)]
     pub lock_tenure_ms: u64,
 
     /// Bearer token required by `PUT /inventory`; unset leaves admin endpoints open. An
@@ -121,13 +121,13 @@ pub struct Config {
     /// Small on purpose: the lock is held that long, so a few buyers asking for long work
     /// (renewed by the watchdog) would lock every other buyer out.
     #[arg(long, env = "MAX_WORK_MS", default_value_t = 2_000,
-          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+          value_parser = whole::<0, 60_000>)]
     pub max_work_ms: u64,
 
     /// Ledger entries kept per item (older ones are trimmed); the audit's figures are
     /// counters and do not depend on it.
     #[arg(long, env = "LEDGER_MAX", default_value_t = crate::store::DEFAULT_LEDGER_CAP,
-          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+          value_parser = whole::<1, 10_000_000>)]
     pub ledger_max: u64,
 
     /// Threads that run the instance's requests; unset, one per core. Instances that share
@@ -140,14 +140,14 @@ pub struct Config {
     /// Most client connections one instance keeps open at once; more wait in the listen
     /// backlog. Bounds what slow or idle clients can hold.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1_024,
-          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+          value_parser = whole::<1, 100_000>)]
     pub max_connections: u64,
 
     /// How long a client may take to send a request's headers, then its body, or to take
     /// a response off the wire, and how long an idle keep-alive connection stays open, in
     /// milliseconds.
     #[arg(long, env = "HEADER_TIMEOUT_MS", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+          value_parser = whole::<100, 600_000>)]
     pub header_timeout_ms: u64,
 
     /// The default item: the one the paths without `{item}` sell (`/inventory/sale`); the
@@ -160,12 +160,12 @@ pub struct Config {
     /// connection or subscription, its local mutex) is kept after its last sale, in
     /// milliseconds; the next sale of the item builds it again.
     #[arg(long, env = "ITEM_IDLE_MS", default_value_t = 30_000,
-          value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
+          value_parser = whole::<10, 86_400_000>)]
     pub item_idle_ms: u64,
 
     /// Bound on every Redis call in milliseconds; past it a sale answers 503.
     #[arg(long, env = "REDIS_TIMEOUT_MS", default_value_t = 1_000,
-          value_parser = clap::value_parser!(u64).range(10..=60_000))]
+          value_parser = whole::<10, 60_000>)]
     pub redis_timeout_ms: u64,
 
     /// How every strategy but `optimistic` talks to Redis: `multiplexed` (one shared
@@ -177,13 +177,13 @@ pub struct Config {
     /// Connections in the pool (one per `optimistic` sale in flight, and per call under
     /// `REDIS_CONNECTION=pool`). The load test runs 64 buyers at once.
     #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = 64,
-          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+          value_parser = whole::<1, 10_000>)]
     pub redis_pool_size: u64,
 
     /// How long a call waits for a free pooled connection, in milliseconds, before answering
     /// 503 `pool_exhausted` (nothing sold).
     #[arg(long, env = "REDIS_POOL_WAIT_MS", default_value_t = 200,
-          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+          value_parser = whole::<1, 60_000>)]
     pub redis_pool_wait_ms: u64,
 
     /// Replicas that must acknowledge (Redis `WAIT`) every lock acquire, renewal and sale
@@ -192,23 +192,23 @@ pub struct Config {
     /// acknowledged by fewer answers 503 `not_replicated` too, but it is on the master and
     /// may or may not survive a failover; a renewal acknowledged by fewer loses the lock.
     #[arg(long, env = "REPLICA_ACKS", default_value_t = 0,
-          value_parser = clap::value_parser!(u32).range(0..=64))]
+          value_parser = whole_u32::<0, 64>)]
     pub replica_acks: u32,
 
     /// How long each `WAIT` waits for the replicas of `REPLICA_ACKS`, in milliseconds.
     #[arg(long, env = "REPLICA_ACK_TIMEOUT_MS", default_value_t = 200,
-          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+          value_parser = whole::<1, 60_000>)]
     pub replica_ack_timeout_ms: u64,
 
     /// How long the outcome of a sale sent with an `Idempotency-Key` is kept, in seconds.
     #[arg(long, env = "IDEMPOTENCY_TTL_S", default_value_t = 86_400,
-          value_parser = clap::value_parser!(u64).range(1..=2_592_000))]
+          value_parser = whole::<1, 2_592_000>)]
     pub idempotency_ttl_s: u64,
 
     /// On SIGTERM or Ctrl-C, how long sales in flight may take to finish before the
     /// process exits anyway, in milliseconds.
     #[arg(long, env = "SHUTDOWN_GRACE_MS", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+          value_parser = whole::<0, 600_000>)]
     pub shutdown_grace_ms: u64,
 
     /// Log format: `text` for people, `json` (one object per line) for tools.
@@ -217,7 +217,8 @@ pub struct Config {
 
     /// Pause between the owner check and the delete of `owner-check`, to make its race
     /// happen on demand in fault scenarios. Keep 0 in normal use.
-    #[arg(long, env = "RELEASE_GAP_MS", default_value_t = 0, hide = true)]
+    #[arg(long, env = "RELEASE_GAP_MS", default_value_t = 0, hide = true,
+          value_parser = whole::<0, 60_000>)]
     pub release_gap_ms: u64,
 
     /// Print the OpenAPI document as JSON and exit.
@@ -360,7 +361,7 @@ impl LockNodes {
 fn parse_admin_token(token: &str) -> Result<String, String> {
     if token.trim().is_empty() {
         Err(
-            "ADMIN_TOKEN is empty: set a real token, or unset it to leave admin endpoints open"
+            "ADMIN_TOKEN is empty; valid: any token with a character other than white space, or unset to leave admin endpoints open"
                 .into(),
         )
     } else {
@@ -381,6 +382,33 @@ fn parse_instance_name(name: &str) -> Result<String, String> {
     } else {
         Ok(name.to_owned())
     }
+}
+
+/// A whole number in `LO..=HI`. The message names the range for every bad value (`abc`, an
+/// empty value, `1.5`, `-1`, one too large for the type), not only for a number outside it:
+/// clap's own parser answers "invalid digit found in string" for those.
+fn whole<const LO: u64, const HI: u64>(value: &str) -> Result<u64, String> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (LO..=HI).contains(n))
+        .ok_or_else(|| format!("valid: a whole number in {LO}..={HI}"))
+}
+
+fn whole_u32<const LO: u64, const HI: u64>(value: &str) -> Result<u32, String> {
+    whole::<LO, HI>(value)
+        .and_then(|n| u32::try_from(n).map_err(|_| format!("valid: a whole number in {LO}..={HI}")))
+}
+
+fn whole_u16<const LO: u64, const HI: u64>(value: &str) -> Result<u16, String> {
+    whole::<LO, HI>(value)
+        .and_then(|n| u16::try_from(n).map_err(|_| format!("valid: a whole number in {LO}..={HI}")))
+}
+
+fn parse_bind_addr(value: &str) -> Result<IpAddr, String> {
+    value.parse().map_err(|_| {
+        "valid: an IP address, like 127.0.0.1, 0.0.0.0 (every interface) or ::1".into()
+    })
 }
 
 fn parse_worker_threads(value: &str) -> Result<u16, String> {
@@ -411,6 +439,69 @@ fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_setting_that_refuses_a_value_names_the_valid_ones() {
+        // A property over the whole command line, so that a setting added later is held to
+        // it too: whatever a setting refuses, its message says what it takes.
+        use clap::CommandFactory;
+        let bad = [
+            "abc",
+            "",
+            "1.5",
+            "-1",
+            " 5",
+            "99999999999999999999999",
+            "18446744073709551616",
+            "0",
+        ];
+        let command = Config::command();
+        let mut refused = 0;
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if !arg.get_action().takes_values() || long == "help" {
+                continue;
+            }
+            for value in bad {
+                let args = ["inventory".to_owned(), format!("--{long}={value}")];
+                let Err(e) = Config::try_parse_from(&args) else {
+                    continue;
+                };
+                if e.kind() != clap::error::ErrorKind::ValueValidation
+                    && e.kind() != clap::error::ErrorKind::InvalidValue
+                {
+                    continue;
+                }
+                refused += 1;
+                let text = e.to_string();
+                // The item id's message is the API's own, which names the rule its way.
+                assert!(
+                    ["valid:", "possible values", "use 1 to 32"]
+                        .iter()
+                        .any(|names| text.contains(names)),
+                    "--{long}={value:?} is refused without naming the valid values: {text}"
+                );
+            }
+        }
+        // The numeric settings alone refuse most of these: a check that refuses nothing
+        // checks nothing.
+        assert!(refused > 100, "only {refused} refusals");
+    }
+
+    #[test]
+    fn ranges_are_inclusive_and_the_bounds_pass() {
+        assert_eq!(whole::<1, 10>("1"), Ok(1));
+        assert_eq!(whole::<1, 10>("10"), Ok(10));
+        for bad in ["0", "11", "abc", "", "1.0", "+"] {
+            assert_eq!(
+                whole::<1, 10>(bad),
+                Err("valid: a whole number in 1..=10".to_owned())
+            );
+        }
+        assert_eq!(whole_u32::<0, 64>("64"), Ok(64));
+        assert_eq!(whole_u16::<0, 65_535>("65535"), Ok(65_535));
+        assert!(whole_u16::<0, 65_535>("65536").is_err());
+    }
 
     #[test]
     fn lock_nodes_are_checked_one_by_one_and_never_print_a_password() {

@@ -392,26 +392,89 @@ async fn show(app: &AppState, item: &str) -> Result<Json<Inventory>, ApiError> {
 }
 
 /// A reset of the item.
-#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"stock": 100}))]
 pub struct ResetRequest {
     /// New stock, 0..=1000000000.
     #[schema(minimum = 0, maximum = 1_000_000_000)]
-    #[serde(deserialize_with = "whole_number")]
     pub stock: i64,
 }
 
-/// JSON Schema counts `5.0` as an integer, so the API does too; `5.5` is refused.
-fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
-    let n = serde_json::Number::deserialize(d)?;
+/// What every refused reset body is told it should have been.
+const RESET_SHAPE: &str = "valid: a JSON object {\"stock\": N}, N a whole number in 0..=1000000000";
+
+/// By hand, so that every refusal names the valid shape: derived, serde takes `[5]` for
+/// `{"stock": 5}` (a struct may come as a sequence) and answers a string, a `null` or a
+/// number too large for an `i64` in its own words.
+impl<'de> Deserialize<'de> for ResetRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(ResetVisitor)
+    }
+}
+
+struct ResetVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ResetVisitor {
+    type Value = ResetRequest;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(RESET_SHAPE)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ResetRequest, A::Error> {
+        use serde::de::Error;
+        let mut stock = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if key != "stock" {
+                // Other fields are ignored, as they always were: a client may send more.
+                map.next_value::<serde::de::IgnoredAny>()?;
+                continue;
+            }
+            if stock.is_some() {
+                return Err(A::Error::custom(format!(
+                    "stock is given twice; {RESET_SHAPE}"
+                )));
+            }
+            let value = map.next_value::<serde_json::Value>()?;
+            stock = Some(
+                whole_number(&value)
+                    .ok_or_else(|| A::Error::custom(format!("stock is {value}; {RESET_SHAPE}")))?,
+            );
+        }
+        let stock =
+            stock.ok_or_else(|| A::Error::custom(format!("stock is missing; {RESET_SHAPE}")))?;
+        Ok(ResetRequest { stock })
+    }
+}
+
+/// The reset's body. Every refusal names the valid shape, those that serde never sees too
+/// (a body that is not JSON, a wrong content type).
+struct ResetBody(ResetRequest);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for ResetBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        match ApiJson::<ResetRequest>::from_request(req, state).await {
+            Ok(ApiJson(reset)) => Ok(ResetBody(reset)),
+            Err(ApiError::BadRequest(m)) if !m.contains(RESET_SHAPE) => {
+                Err(ApiError::BadRequest(format!("{m}; {RESET_SHAPE}")))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// JSON Schema counts `5.0` as an integer, so the API does too; `5.5` is refused, and so is
+/// anything beyond an `i64` (the range check that follows names the range).
+fn whole_number(value: &serde_json::Value) -> Option<i64> {
+    let n = value.as_number()?;
     if let Some(i) = n.as_i64() {
-        return Ok(i);
+        return Some(i);
     }
     match n.as_f64() {
-        Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(f as i64),
-        _ => Err(serde::de::Error::custom(format!(
-            "stock must be a whole number, got {n}"
-        ))),
+        Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Some(f as i64),
+        _ => None,
     }
 }
 
@@ -430,7 +493,7 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error>
     responses(
         (status = 200, description = "The item after the reset", body = Inventory),
         (status = 400, description = "Stock missing, not a number, or out of range; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
-            example = json!({"error": "bad_request", "message": "stock must be between 0 and 1000000000, got -1"})),
+            example = json!({"error": "bad_request", "message": "stock is -1; valid: a whole number in 0..=1000000000"})),
         (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
         (status = 408, description = "The body did not arrive within `HEADER_TIMEOUT_MS`: nothing changed", body = ErrorBody),
         (status = 401, description = "Wrong or missing admin token", body = ErrorBody,
@@ -441,7 +504,7 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error>
 async fn reset_inventory(
     admin: Admin,
     State(app): State<Arc<AppState>>,
-    ApiJson(reset): ApiJson<ResetRequest>,
+    ResetBody(reset): ResetBody,
 ) -> Result<Json<Inventory>, ApiError> {
     let item = app.seller.items.default_id().to_owned();
     restock(admin, &app, &item, reset).await
@@ -462,7 +525,7 @@ async fn reset_inventory(
     responses(
         (status = 200, description = "The item after the reset", body = Inventory),
         (status = 400, description = "Stock missing, not a number, or out of range; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
-            example = json!({"error": "bad_request", "message": "stock must be between 0 and 1000000000, got -1"})),
+            example = json!({"error": "bad_request", "message": "stock is -1; valid: a whole number in 0..=1000000000"})),
         (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
         (status = 408, description = "The body did not arrive within `HEADER_TIMEOUT_MS`: nothing changed", body = ErrorBody),
         (status = 401, description = "Wrong or missing admin token", body = ErrorBody,
@@ -474,7 +537,7 @@ async fn reset_item(
     admin: Admin,
     State(app): State<Arc<AppState>>,
     ItemPath { item }: ItemPath,
-    ApiJson(reset): ApiJson<ResetRequest>,
+    ResetBody(reset): ResetBody,
 ) -> Result<Json<Inventory>, ApiError> {
     restock(admin, &app, &item, reset).await
 }
@@ -488,7 +551,7 @@ async fn restock(
 ) -> Result<Json<Inventory>, ApiError> {
     if !(0..=MAX_STOCK).contains(&reset.stock) {
         return Err(ApiError::BadRequest(format!(
-            "stock must be between 0 and {MAX_STOCK}, got {}",
+            "stock is {}; valid: a whole number in 0..={MAX_STOCK}",
             reset.stock
         )));
     }

@@ -117,12 +117,29 @@ async fn bad_input_gets_400_naming_the_valid_values_and_changes_nothing() {
         "{range:?}"
     );
 
+    // Every body that is not an object with a whole stock in range is refused, and the
+    // message says what would do, whatever shape the mistake takes.
     for body in [
         r#"{"stock": -1}"#,
         r#"{"stock": "abc"}"#,
+        r#"{"stock": "5"}"#,
         r#"{"stock": 1.5}"#,
+        r#"{"stock": 1e300}"#,
+        r#"{"stock": 9223372036854775808}"#,
+        r#"{"stock": -9223372036854775809}"#,
+        r#"{"stock": null}"#,
+        r#"{"stock": [5]}"#,
+        r#"{"stock": 5, "stock": 6}"#,
+        r#"{"stok": 5}"#,
         "{}",
+        "[5]",
+        "[]",
+        "5",
+        "null",
+        r#""stock""#,
         "not json",
+        "",
+        r#"{"stock": 5"#,
         r#"{"stock": 1000000001}"#,
     ] {
         let reply = app.put_inventory(body, None).await;
@@ -130,6 +147,11 @@ async fn bad_input_gets_400_naming_the_valid_values_and_changes_nothing() {
             (reply.status, reply.error_code()),
             (400, "bad_request"),
             "{body}: {reply:?}"
+        );
+        let message = reply.body["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("0..=1000000000"),
+            "{body}: the message does not name the valid stock: {message}"
         );
     }
     assert_eq!(
