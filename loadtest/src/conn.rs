@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::{self, SendRequest};
@@ -28,16 +28,26 @@ pub struct Target {
 }
 
 impl Target {
+    /// Errors never quote the URL: it may carry a password.
     pub fn parse(url: &str) -> anyhow::Result<Self> {
-        let uri: hyper::Uri = url
-            .parse()
-            .with_context(|| format!("{url} is not a URL (like http://127.0.0.1:8080)"))?;
+        let Ok(uri) = url.parse::<hyper::Uri>() else {
+            bail!("the target is not a URL; valid: http://host:port, like http://127.0.0.1:8080");
+        };
         if uri.scheme_str() != Some("http") {
-            bail!("{url}: only http:// targets are supported (nginx or an instance)");
+            bail!("only http:// targets are supported (nginx or an instance)");
         }
         let Some(authority) = uri.authority() else {
-            bail!("{url} names no host");
+            bail!("the target names no host; valid: http://host:port");
         };
+        if authority.as_str().contains('@') {
+            // It would go out in the Host header; the service takes no credentials there.
+            bail!(
+                "credentials in the target URL are not supported (the admin token is --admin-token)"
+            );
+        }
+        if uri.query().is_some() {
+            bail!("a target has no query; the generator adds each request's own");
+        }
         Ok(Self {
             host: authority.host().trim_matches(['[', ']']).to_owned(),
             port: authority.port_u16().unwrap_or(80),
@@ -286,8 +296,21 @@ mod tests {
         );
         let t = Target::parse("http://[::1]:9000").expect("an IPv6 target");
         assert_eq!((t.host.as_str(), t.port), ("::1", 9000));
-        for bad in ["https://example.test", "not a url", "/inventory"] {
-            assert!(Target::parse(bad).is_err(), "{bad} was taken");
+        for bad in [
+            "https://example.test",
+            "not a url",
+            "/inventory",
+            "http://user:s3cret@127.0.0.1:8080",
+            "https://user:s3cret@127.0.0.1:8080",
+            "http://user:s3cret@",
+            "http://127.0.0.1:8080/?strategy=none",
+        ] {
+            let e = Target::parse(bad).err().map(|e| e.to_string());
+            assert!(e.is_some(), "{bad} was taken");
+            assert!(
+                !e.unwrap_or_default().contains("s3cret"),
+                "{bad}: a password was echoed"
+            );
         }
     }
 }
