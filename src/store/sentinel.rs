@@ -306,8 +306,9 @@ impl Server {
             return;
         }
         let server = self.clone();
+        let seen = lookup.finished.load(Ordering::Acquire);
         tokio::spawn(async move {
-            server.follow_master().await;
+            server.follow_master_unless_answered(seen).await;
             tokio::time::sleep(LOOKUP_INTERVAL).await;
             if let Some(lookup) = &server.lookup {
                 lookup.running.store(false, Ordering::Release);
@@ -321,23 +322,23 @@ impl Server {
     /// the same dead address (the first sale of each instance after a failover would
     /// otherwise fail, until the next lookup).
     pub async fn look_up_now(&self) {
+        if let Some(lookup) = &self.lookup {
+            let seen = lookup.finished.load(Ordering::Acquire);
+            self.follow_master_unless_answered(seen).await;
+        }
+    }
+
+    /// Asks the sentinels unless a lookup ended since the caller saw `seen` lookups end: a
+    /// refused call starts a lookup in the background and awaits one of its own, and
+    /// whichever takes the client first answers both.
+    async fn follow_master_unless_answered(&self, seen: u64) {
         let Some(lookup) = &self.lookup else {
             return;
         };
-        let seen = lookup.finished.load(Ordering::Acquire);
         let mut client = lookup.client.lock().await;
         if lookup.finished.load(Ordering::Acquire) != seen {
             return;
         }
-        self.follow_master_with(&mut client).await;
-        lookup.finished.fetch_add(1, Ordering::AcqRel);
-    }
-
-    async fn follow_master(&self) {
-        let Some(lookup) = &self.lookup else {
-            return;
-        };
-        let mut client = lookup.client.lock().await;
         self.follow_master_with(&mut client).await;
         lookup.finished.fetch_add(1, Ordering::AcqRel);
     }
