@@ -64,7 +64,13 @@ pub enum Failure {
     Timeout,
     /// The connection broke after the request may have been sent.
     Transport,
+    /// The answer's body ran past [`MAX_BODY`]: not an answer of the service's.
+    BodyTooLarge,
 }
+
+/// The largest body the generator reads: every answer of the service is a few hundred bytes,
+/// and a server that streams without end must not exhaust the generator's memory.
+pub const MAX_BODY: usize = 64 * 1024;
 
 impl Failure {
     pub fn kind(self) -> &'static str {
@@ -72,6 +78,7 @@ impl Failure {
             Self::Connect => "connect",
             Self::Timeout => "timeout",
             Self::Transport => "transport",
+            Self::BodyTooLarge => "body_too_large",
         }
     }
 }
@@ -88,6 +95,9 @@ pub struct Answer {
 pub struct Conn {
     target: std::sync::Arc<Target>,
     timeout: Duration,
+    /// No request waits past this, however long `timeout` is: the end of a timed run (with
+    /// its grace), which a server that never answers must not stretch.
+    deadline: Option<tokio::time::Instant>,
     sender: Option<SendRequest<Empty<Bytes>>>,
 }
 
@@ -96,13 +106,24 @@ impl Conn {
         Self {
             target,
             timeout,
+            deadline: None,
             sender: None,
         }
     }
 
+    /// Bounds every request by `deadline` as well as by the timeout.
+    pub fn until(mut self, deadline: tokio::time::Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
     /// Sends `method path` (no body) and reads the whole answer, within the timeout.
     pub async fn send(&mut self, method: Method, path: &str) -> Result<Answer, Failure> {
-        match tokio::time::timeout(self.timeout, self.exchange(method, path)).await {
+        let mut bound = tokio::time::Instant::now() + self.timeout;
+        if let Some(deadline) = self.deadline {
+            bound = bound.min(deadline);
+        }
+        match tokio::time::timeout_at(bound, self.exchange(method, path)).await {
             Ok(answer) => answer,
             Err(_) => {
                 // The answer may still come on this connection; the next request must not
@@ -134,10 +155,18 @@ impl Conn {
                         .get("x-instance")
                         .and_then(|v| v.to_str().ok())
                         .map(str::to_owned);
-                    let body = response.into_body().collect().await.map_err(|_| {
-                        self.sender = None;
-                        Failure::Transport
-                    })?;
+                    let body = http_body_util::Limited::new(response.into_body(), MAX_BODY)
+                        .collect()
+                        .await
+                        .map_err(|e| {
+                            // The rest of the body is still on the connection.
+                            self.sender = None;
+                            if e.is::<http_body_util::LengthLimitError>() {
+                                Failure::BodyTooLarge
+                            } else {
+                                Failure::Transport
+                            }
+                        })?;
                     return Ok(Answer {
                         status,
                         instance,
@@ -253,6 +282,51 @@ mod tests {
             assert_eq!(failure, Some(Failure::Transport));
             assert_eq!(seen.load(Ordering::SeqCst), n);
         }
+    }
+
+    #[tokio::test]
+    async fn a_body_without_end_is_cut_at_the_cap_and_a_silent_server_at_the_deadline() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let port = listener.local_addr().expect("its address").port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    let _ = stream.read(&mut buf).await;
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                        .await;
+                    let chunk = format!("{:x}\r\n{}\r\n", 4096, "x".repeat(4096));
+                    while stream.write_all(chunk.as_bytes()).await.is_ok() {}
+                });
+            }
+        });
+        let target = Arc::new(Target::parse(&format!("http://127.0.0.1:{port}")).expect("URL"));
+        let mut conn = Conn::new(target, Duration::from_secs(60));
+        assert_eq!(
+            conn.send(Method::GET, "/health").await.err(),
+            Some(Failure::BodyTooLarge)
+        );
+
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let port = silent.local_addr().expect("its address").port();
+        let target = Arc::new(Target::parse(&format!("http://127.0.0.1:{port}")).expect("URL"));
+        let started = tokio::time::Instant::now();
+        let mut conn =
+            Conn::new(target, Duration::from_secs(60)).until(started + Duration::from_millis(300));
+        assert_eq!(
+            conn.send(Method::GET, "/health").await.err(),
+            Some(Failure::Timeout)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the deadline was not kept"
+        );
+        drop(silent);
     }
 
     #[tokio::test]

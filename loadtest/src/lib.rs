@@ -303,8 +303,11 @@ impl LoadTest {
     pub async fn health(&self, duration: Duration) -> anyhow::Result<HealthReport> {
         let started = Instant::now();
         let end = started + duration;
+        // A request still out when the run ends has a second to answer.
+        let deadline = tokio::time::Instant::from_std(end) + Duration::from_secs(1);
         let workers = (0..self.plan.concurrency).map(|_| {
-            let mut conn = conn::Conn::new(self.target.clone(), self.request_timeout);
+            let mut conn =
+                conn::Conn::new(self.target.clone(), self.request_timeout).until(deadline);
             async move {
                 let (mut ok, mut failed) = (0u64, 0u64);
                 while Instant::now() < end {
@@ -359,12 +362,23 @@ impl LoadTest {
             None => self.plan.concurrency.min(self.plan.requests),
         };
         let requests = self.plan.requests;
+        // A timed run waits for the sales still out at its end as long as a sale may take
+        // (its work and the service's default wait for the lock), not the full timeout
+        // meant for a server that is merely slow.
+        let deadline = end.map(|end| {
+            tokio::time::Instant::from_std(end)
+                + Duration::from_millis(self.plan.work_ms)
+                + SALE_GRACE
+        });
         let workers = (0..workers).map(|_| {
             let next = next.clone();
             let progress = progress.clone();
             let deck = deck.clone();
             let sale_paths = sale_paths.clone();
             let mut conn = conn::Conn::new(self.target.clone(), self.request_timeout);
+            if let Some(deadline) = deadline {
+                conn = conn.until(deadline);
+            }
             async move {
                 let mut done = Vec::new();
                 let more = || match end {
@@ -451,24 +465,31 @@ impl LoadTest {
         Ok(())
     }
 
+    /// Asked again, as the audit is, while the answer is [`passing`].
     async fn reset_one(&self, path: &str) -> anyhow::Result<()> {
-        let mut request = self
-            .http
-            .put(format!("{}{path}", self.plan.target))
-            .json(&serde_json::json!({ "stock": self.plan.stock }));
-        if let Some(token) = &self.plan.admin_token {
-            request = request.bearer_auth(token);
+        let give_up = Instant::now() + AUDIT_PATIENCE;
+        loop {
+            let mut request = self
+                .http
+                .put(format!("{}{path}", self.plan.target))
+                .json(&serde_json::json!({ "stock": self.plan.stock }));
+            if let Some(token) = &self.plan.admin_token {
+                request = request.bearer_auth(token);
+            }
+            let response = request
+                .send()
+                .await
+                .with_context(|| format!("cannot reach {}", self.plan.target))?;
+            let status = response.status();
+            if status.is_success() {
+                return Ok(());
+            }
+            if !passing(status) || Instant::now() >= give_up {
+                let body = response.text().await.unwrap_or_default();
+                bail!("resetting the stock ({path}) failed with {status}: {body}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("cannot reach {}", self.plan.target))?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            bail!("resetting the stock ({path}) failed with {status}: {body}");
-        }
-        Ok(())
     }
 
     /// Every item's audit, in the items' order.
@@ -480,8 +501,9 @@ impl LoadTest {
             .await
     }
 
-    /// A 503 is asked again for up to [`AUDIT_PATIENCE`]: a run that ends during a failover
-    /// (or with Redis restarting) still gets its books once the service is back.
+    /// An answer that is [`passing`] is asked again for up to [`AUDIT_PATIENCE`]: a run that
+    /// ends during a failover, with Redis restarting or with nginx holding the instances
+    /// down still gets its books once the service is back.
     async fn audit(&self, path: &str) -> anyhow::Result<Audit> {
         let give_up = Instant::now() + AUDIT_PATIENCE;
         loop {
@@ -495,7 +517,7 @@ impl LoadTest {
             if status.is_success() {
                 return Ok(response.json().await?);
             }
-            if status != reqwest::StatusCode::SERVICE_UNAVAILABLE || Instant::now() >= give_up {
+            if !passing(status) || Instant::now() >= give_up {
                 bail!("the audit ({path}/audit) failed with {status}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -503,9 +525,20 @@ impl LoadTest {
     }
 }
 
-/// How long an audit answered 503 is asked again: longer than a Sentinel failover
-/// (`down-after` plus the failover itself) or a cluster's replica promotion.
+/// How long an audit or a reset answered [`passing`] is asked again: longer than a Sentinel
+/// failover (`down-after` plus the failover itself), a cluster's replica promotion, or the
+/// seconds nginx keeps overloaded instances marked down.
 const AUDIT_PATIENCE: Duration = Duration::from_secs(15);
+
+/// How long past the end of a timed run a sale still out may take to answer.
+const SALE_GRACE: Duration = Duration::from_secs(15);
+
+/// An answer that says "not now" rather than "no": Redis away (503), or nginx with no
+/// instance to pass the request to (502, 504). Reads and resets are safe to send again: a
+/// reset sets the stock, it does not take from it.
+fn passing(status: reqwest::StatusCode) -> bool {
+    matches!(status.as_u16(), 502..=504)
+}
 
 /// One sale on the worker's own connection, and how long it took.
 async fn sell_once(conn: &mut conn::Conn, path: &str) -> (Outcome, Duration) {

@@ -42,7 +42,9 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..=loadtest::MAX_ITEMS as u64))]
     items: u64,
-    /// Requests in flight at once.
+    /// Requests in flight at once, each on a connection of its own. The native stack's
+    /// instances take 1024 connections each (`MAX_CONNECTIONS`): far beyond twice that, nginx
+    /// waits for connections to them, times out and marks them down.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     concurrency: u64,
     /// Business time inside the lock, per sale (0..=60000 ms).
@@ -92,13 +94,33 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The longest `--duration` and `--failover-after`: a day. Beyond it a run is a mistake,
+/// and far beyond it the seconds no longer fit a `Duration` or a deadline.
+const MAX_SECONDS: f64 = 86_400.0;
+
+/// `value` seconds of `flag`, refused with the range named unless in (0 or above 0, as
+/// `zero_ok` says) ..= a day.
+fn seconds(flag: &str, value: f64, zero_ok: bool) -> anyhow::Result<std::time::Duration> {
+    let low_ok = if zero_ok { value >= 0.0 } else { value > 0.0 };
+    if low_ok && value <= MAX_SECONDS {
+        return Ok(std::time::Duration::from_secs_f64(value));
+    }
+    let low = if zero_ok { "from 0" } else { "above 0" };
+    anyhow::bail!(
+        "{flag} is {value}; valid: a number of seconds {low}, at most {MAX_SECONDS} (a day)"
+    )
+}
+
 async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
     let strategies = parse_strategies(&args.strategy).map_err(anyhow::Error::msg)?;
-    let duration = match args.duration {
-        Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
-        Some(s) => anyhow::bail!("--duration must be a positive number of seconds, not {s}"),
-        None => None,
-    };
+    let duration = args
+        .duration
+        .map(|s| seconds("--duration", s, false))
+        .transpose()?;
+    let failover_after = args
+        .failover_after
+        .map(|s| seconds("--failover-after", s, true))
+        .transpose()?;
     let default_stock = if duration.is_some() {
         1_000_000_000
     } else {
@@ -135,17 +157,13 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
     if let Some(duration) = duration {
         load = load.with_duration(duration);
     }
-    if let (Some(after), Some(sentinel)) = (args.failover_after, args.sentinel) {
-        anyhow::ensure!(
-            after.is_finite() && after >= 0.0,
-            "--failover-after must be a number of seconds, not {after}"
-        );
+    if let (Some(after), Some(sentinel)) = (failover_after, args.sentinel) {
         anyhow::ensure!(
             plan.strategies.len() == 1,
             "--failover-after kills a master: give it one --strategy (the old master stays down)"
         );
         load = load.with_failover(loadtest::failover::Failover {
-            after: std::time::Duration::from_secs_f64(after),
+            after,
             sentinel,
             master_name: args.master_name,
         });
@@ -212,5 +230,21 @@ mod tests {
         let args = Args::try_parse_from(["loadtest", "--items", "10000"]).unwrap();
         assert_eq!(args.items, 10_000);
         assert_eq!(Args::try_parse_from(["loadtest"]).unwrap().items, 1);
+    }
+
+    #[test]
+    fn seconds_beyond_a_day_or_not_numbers_are_refused_naming_the_range() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 86_400.5, 1e19, 1e30] {
+            let refusal = seconds("--duration", bad, false)
+                .expect_err("taken")
+                .to_string();
+            assert!(refusal.contains("above 0, at most 86400"), "{refusal}");
+        }
+        assert!(seconds("--failover-after", 0.0, true).is_ok());
+        assert!(seconds("--failover-after", -0.5, true).is_err());
+        assert_eq!(
+            seconds("--duration", 86_400.0, false).ok(),
+            Some(std::time::Duration::from_secs(86_400))
+        );
     }
 }
