@@ -14,12 +14,15 @@ use crate::strategy::Strategy;
 /// `REDIS_URL` when none is given.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 
+/// The form a Redis URL takes, for the messages that refuse one.
+pub const REDIS_URL_FORM: &str = "redis://[[user]:password@]host:port[/db], port 1..=65535";
+
 /// An inventory-sale service whose sale is guarded by a switchable distributed lock.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "inventory", version, about, long_about = None)]
 pub struct Config {
     /// TCP port to listen on.
-    #[arg(long, env = "PORT", default_value_t = 7777, value_parser = whole_u16::<0, 65_535>)]
+    #[arg(long, env = "PORT", default_value_t = 7777, value_parser = whole_u16::<1, 65_535>)]
     pub port: u16,
 
     /// Address to listen on (0.0.0.0 inside a container).
@@ -341,7 +344,7 @@ impl LockNodes {
             }
             if let Err(e) = redis::Client::open(url) {
                 return Err(format!(
-                    "LOCK_NODES: node {node} ({}) is not a Redis URL: {:?}",
+                    "LOCK_NODES: node {node} ({}) is not a Redis URL ({:?}); valid: {REDIS_URL_FORM}",
                     redact(url),
                     e.kind()
                 ));
@@ -374,7 +377,13 @@ fn parse_admin_token(token: &str) -> Result<String, String> {
 const MAX_INSTANCE_NAME: usize = 256;
 
 fn parse_instance_name(name: &str) -> Result<String, String> {
-    if name.len() > MAX_INSTANCE_NAME {
+    if name.trim().is_empty() || name.trim() != name {
+        // An empty name would answer `X-Instance:` with nothing; HTTP drops white space at
+        // either end of a header, so the header and the body's `instance` would differ.
+        Err(format!(
+            "INSTANCE_NAME is {name:?}; valid: 1 to {MAX_INSTANCE_NAME} bytes, no white space at either end, or unset for <host>:<port>"
+        ))
+    } else if name.len() > MAX_INSTANCE_NAME {
         Err(format!(
             "INSTANCE_NAME is {} bytes; at most {MAX_INSTANCE_NAME} (it is sent in every answer's X-Instance header)",
             name.len()
@@ -388,9 +397,10 @@ fn parse_instance_name(name: &str) -> Result<String, String> {
 /// empty value, `1.5`, `-1`, one too large for the type), not only for a number outside it:
 /// clap's own parser answers "invalid digit found in string" for those.
 fn whole<const LO: u64, const HI: u64>(value: &str) -> Result<u64, String> {
-    value
-        .parse::<u64>()
-        .ok()
+    // Digits only: `u64`'s parser also takes a leading `+`.
+    Some(value)
+        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse::<u64>().ok())
         .filter(|n| (LO..=HI).contains(n))
         .ok_or_else(|| format!("valid: a whole number in {LO}..={HI}"))
 }
@@ -446,6 +456,7 @@ mod tests {
         // it too: whatever a setting refuses, its message says what it takes.
         use clap::CommandFactory;
         let bad = [
+            "+5",
             "abc",
             "",
             "1.5",
@@ -499,8 +510,10 @@ mod tests {
             );
         }
         assert_eq!(whole_u32::<0, 64>("64"), Ok(64));
-        assert_eq!(whole_u16::<0, 65_535>("65535"), Ok(65_535));
-        assert!(whole_u16::<0, 65_535>("65536").is_err());
+        assert_eq!(whole_u16::<1, 65_535>("65535"), Ok(65_535));
+        assert!(whole_u16::<1, 65_535>("65536").is_err());
+        assert!(whole_u16::<1, 65_535>("0").is_err());
+        assert!(whole::<1, 10>("+5").is_err());
     }
 
     #[test]
@@ -622,6 +635,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("at most 256"), "{err}");
+        for bad in ["", " ", "\t", " app1", "app1 "] {
+            let err = Config::try_parse_from(["inventory", "--instance-name", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("valid: 1 to 256 bytes"), "{bad:?}: {err}");
+        }
         let fits = "a".repeat(MAX_INSTANCE_NAME);
         let config = Config::try_parse_from(["inventory", "--instance-name", &fits]).unwrap();
         assert_eq!(config.instance_name.as_deref(), Some(fits.as_str()));

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_io_timeout::TimeoutStream;
 
-use crate::config::Config;
+use crate::config::{Config, REDIS_URL_FORM};
 use crate::http::{self, AppState};
 use crate::items::Items;
 use crate::lock::Locks;
@@ -44,7 +44,12 @@ pub fn build(config: &Config) -> anyhow::Result<(axum::Router, Items)> {
             config.redis_timeout(),
             metrics,
         )
-        .map_err(|e| anyhow::anyhow!("REDIS_URL is not a valid Redis URL ({:?})", e.kind()))?,
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "REDIS_URL is not a valid Redis URL ({:?}); valid: {REDIS_URL_FORM}",
+                e.kind()
+            )
+        })?,
     }
     .with_ledger_cap(config.ledger_max)
     .with_pool(config.pool())
@@ -95,7 +100,7 @@ fn lock_nodes(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Vec<Stor
             )
             .map_err(|e| {
                 anyhow::anyhow!(
-                    "LOCK_NODES: {} is not a valid Redis URL ({:?})",
+                    "LOCK_NODES: {} is not a valid Redis URL ({:?}); valid: {REDIS_URL_FORM}",
                     crate::config::redact(url),
                     e.kind()
                 )
@@ -265,4 +270,32 @@ async fn shutdown_signal() {
         () = terminate => {}
     }
     tracing::info!("shutting down: no new connections; finishing the requests in flight");
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_redis_url_that_is_not_one_is_refused_naming_the_form_and_no_password() {
+        for (flag, url) in [
+            ("--redis-url", "abc"),
+            ("--redis-url", ""),
+            ("--redis-url", "http://:s3cret@127.0.0.1:6379"),
+            (
+                "--lock-nodes",
+                "abc,redis://127.0.0.1:1,redis://127.0.0.1:2",
+            ),
+        ] {
+            let config = Config::try_parse_from(["inventory", flag, url]).expect("parsed");
+            let Err(e) = build(&config) else {
+                panic!("{flag} {url:?} was taken");
+            };
+            let message = format!("{e:#}");
+            assert!(message.contains("valid: redis://"), "{url:?}: {message}");
+            assert!(!message.contains("s3cret"), "{url:?}: {message}");
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! The one place where outcomes become HTTP statuses.
 
 use axum::Json;
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
@@ -93,7 +93,27 @@ fn query_hint(text: &str) -> Option<String> {
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge(rejection.body_text())
+            ApiError::PayloadTooLarge(too_large_message())
+        } else if body_timed_out(&rejection) {
+            ApiError::RequestTimeout
+        } else {
+            ApiError::BadRequest(rejection.body_text())
+        }
+    }
+}
+
+/// What a 413 says, from an instance as from nginx.
+pub(crate) fn too_large_message() -> String {
+    format!(
+        "request body over 16 KiB; valid: at most {} bytes",
+        super::BODY_LIMIT
+    )
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(rejection: BytesRejection) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(too_large_message())
         } else if body_timed_out(&rejection) {
             ApiError::RequestTimeout
         } else {
@@ -103,8 +123,8 @@ impl From<JsonRejection> for ApiError {
 }
 
 /// Whether the body stopped arriving: the client was slow, not wrong.
-fn body_timed_out(rejection: &JsonRejection) -> bool {
-    let mut source = std::error::Error::source(rejection);
+fn body_timed_out(rejection: &dyn std::error::Error) -> bool {
+    let mut source = rejection.source();
     while let Some(e) = source {
         if e.is::<tower_http::timeout::TimeoutError>() {
             return true;

@@ -435,11 +435,10 @@ impl<'de> serde::de::Visitor<'de> for ResetVisitor {
                     "stock is given twice; {RESET_SHAPE}"
                 )));
             }
-            let value = map.next_value::<serde_json::Value>()?;
-            stock = Some(
-                whole_number(&value)
-                    .ok_or_else(|| A::Error::custom(format!("stock is {value}; {RESET_SHAPE}")))?,
-            );
+            let raw = map.next_value::<Box<serde_json::value::RawValue>>()?;
+            stock = Some(exact_whole(raw.get()).ok_or_else(|| {
+                A::Error::custom(format!("stock is {}; {RESET_SHAPE}", shown(raw.get())))
+            })?);
         }
         let stock =
             stock.ok_or_else(|| A::Error::custom(format!("stock is missing; {RESET_SHAPE}")))?;
@@ -455,6 +454,17 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for ResetBody {
     type Rejection = ApiError;
 
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        // JSON is UTF-8, but serde skips the strings it ignores without checking them: a
+        // body with raw bytes in a field nobody reads would otherwise reset the stock.
+        let headers = req.headers().clone();
+        let bytes = axum::body::Bytes::from_request(req, state).await?;
+        if std::str::from_utf8(&bytes).is_err() {
+            return Err(ApiError::BadRequest(format!(
+                "the body is not UTF-8, so not JSON; {RESET_SHAPE}"
+            )));
+        }
+        let mut req = axum::extract::Request::new(axum::body::Body::from(bytes));
+        *req.headers_mut() = headers;
         match ApiJson::<ResetRequest>::from_request(req, state).await {
             Ok(ApiJson(reset)) => Ok(ResetBody(reset)),
             Err(ApiError::BadRequest(m)) if !m.contains(RESET_SHAPE) => {
@@ -465,16 +475,51 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for ResetBody {
     }
 }
 
-/// JSON Schema counts `5.0` as an integer, so the API does too; `5.5` is refused, and so is
-/// anything beyond an `i64` (the range check that follows names the range).
-fn whole_number(value: &serde_json::Value) -> Option<i64> {
-    let n = value.as_number()?;
-    if let Some(i) = n.as_i64() {
-        return Some(i);
+/// The whole number a JSON number's text stands for, read exactly: JSON Schema counts `5.0`
+/// and `1e2` as integers, so the API does too, but `5.5` is refused, and so are `1e-400` and
+/// `5.0000000000000001`, which a float reads as 0 and 5. `None` for anything else: not a
+/// number, not whole, or beyond an `i64` (the range check that follows names the range).
+fn exact_whole(text: &str) -> Option<i64> {
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match rest.split_once(['e', 'E']) {
+        Some((mantissa, exponent)) => (mantissa, exponent.parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if int.is_empty() || !all_digits(int) || !all_digits(frac) {
+        return None;
     }
-    match n.as_f64() {
-        Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Some(f as i64),
-        _ => None,
+    let written = format!("{int}{frac}");
+    let digits = written.trim_start_matches('0');
+    if digits.is_empty() {
+        return Some(0);
+    }
+    // How many of `digits` stand before the decimal point (negative: zeros come first).
+    let zeros_dropped = (written.len() - digits.len()) as i64;
+    let point = (int.len() as i64 - zeros_dropped).checked_add(exponent)?;
+    // A nonzero first digit at or past the 20th place is beyond any i64.
+    if point > 19 {
+        return None;
+    }
+    let whole_digits = usize::try_from(point).ok().filter(|&p| p > 0)?;
+    let (before, after) = digits.split_at(whole_digits.min(digits.len()));
+    if after.bytes().any(|b| b != b'0') {
+        return None;
+    }
+    let padding = u32::try_from(whole_digits.saturating_sub(digits.len())).ok()?;
+    let magnitude = before.parse::<i128>().ok()? * 10i128.pow(padding);
+    i64::try_from(if negative { -magnitude } else { magnitude }).ok()
+}
+
+/// A refused value as the message shows it: at most 40 characters of what was sent.
+fn shown(text: &str) -> String {
+    match text.char_indices().nth(40) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_owned(),
     }
 }
 
@@ -612,4 +657,72 @@ async fn audit_of(app: &AppState, item: &str) -> Result<Json<Audit>, ApiError> {
     Ok(Json(
         audit.ok_or_else(|| ApiError::UnknownItem(item.to_owned()))?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stock_is_read_from_the_number_as_written_never_rounded() {
+        for (text, value) in [
+            ("0", 0),
+            ("-0", 0),
+            ("0.0", 0),
+            ("0e999999", 0),
+            ("5", 5),
+            ("5.0", 5),
+            ("5.000", 5),
+            ("1e2", 100),
+            ("1E+2", 100),
+            ("100e-2", 1),
+            ("1000000000", 1_000_000_000),
+            ("10.5e1", 105),
+            ("-1", -1),
+            ("9223372036854775807", i64::MAX),
+            ("-9223372036854775808", i64::MIN),
+            ("0.001e3", 1),
+        ] {
+            assert_eq!(exact_whole(text), Some(value), "{text}");
+        }
+        for text in [
+            "5.5",
+            "1e-400",
+            "5.0000000000000001",
+            "1000000000.0000001",
+            "999999999.99999999",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "1e19",
+            "1e99999999999999999999",
+            "99999999999999999999999",
+            "0.1",
+            "\"5\"",
+            "null",
+            "[5]",
+            "true",
+            "{}",
+        ] {
+            assert_eq!(exact_whole(text), None, "{text}");
+        }
+    }
+
+    #[test]
+    fn every_whole_number_in_range_reads_back_as_itself_in_each_form() {
+        // A property over written forms: plain, with a zero fraction, and scaled by an
+        // exponent, every value reads back exactly, and a half never passes.
+        for n in (0..=1_000_000_000i64)
+            .step_by(7_654_321)
+            .chain([1, 10, 999_999_999])
+        {
+            assert_eq!(exact_whole(&n.to_string()), Some(n));
+            assert_eq!(exact_whole(&format!("{n}.000")), Some(n));
+            assert_eq!(exact_whole(&format!("{n}000e-3")), Some(n));
+            assert_eq!(exact_whole(&format!("-{n}")), Some(-n));
+            if n % 10 == 0 && n > 0 {
+                assert_eq!(exact_whole(&format!("{}e1", n / 10)), Some(n));
+            }
+            assert_eq!(exact_whole(&format!("{n}.5")), None);
+        }
+    }
 }

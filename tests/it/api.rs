@@ -125,6 +125,9 @@ async fn bad_input_gets_400_naming_the_valid_values_and_changes_nothing() {
         r#"{"stock": "5"}"#,
         r#"{"stock": 1.5}"#,
         r#"{"stock": 1e300}"#,
+        r#"{"stock": 1e-400}"#,
+        r#"{"stock": 5.0000000000000001}"#,
+        r#"{"stock": 1000000000.0000001}"#,
         r#"{"stock": 9223372036854775808}"#,
         r#"{"stock": -9223372036854775809}"#,
         r#"{"stock": null}"#,
@@ -153,6 +156,41 @@ async fn bad_input_gets_400_naming_the_valid_values_and_changes_nothing() {
             message.contains("0..=1000000000"),
             "{body}: the message does not name the valid stock: {message}"
         );
+    }
+    // Raw bytes that are not UTF-8, in a field nothing reads: not JSON, so not a reset.
+    let http = reqwest::Client::new();
+    let not_utf8 = app
+        .send(
+            http.put(app.url("/inventory"))
+                .header("content-type", "application/json")
+                .body(b"{\"x\": \"\xff\xfe\", \"stock\": 3}".to_vec()),
+        )
+        .await;
+    assert_eq!(
+        (not_utf8.status, not_utf8.error_code()),
+        (400, "bad_request"),
+        "{not_utf8:?}"
+    );
+    // A declared body over 16 KiB is refused on every route, the sale's too, which reads no
+    // body: straight to an instance as through nginx.
+    for (method, path) in [
+        (reqwest::Method::POST, "/inventory/sale"),
+        (reqwest::Method::PUT, "/inventory"),
+    ] {
+        let big = app
+            .send(
+                http.request(method.clone(), app.url(path))
+                    .header("content-type", "application/json")
+                    .body(vec![b' '; 20_000]),
+            )
+            .await;
+        assert_eq!(
+            (big.status, big.error_code()),
+            (413, "payload_too_large"),
+            "{method} {path}: {big:?}"
+        );
+        let message = big.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains("16384"), "{message}");
     }
     assert_eq!(
         cluster.redis.snapshot().await,

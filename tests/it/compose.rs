@@ -1063,7 +1063,7 @@ async fn nginx_errors_are_json_with_x_instance_nginx() {
         .put(nginx.url("/inventory"))
         .header("content-type", "application/json")
         .body(vec![b' '; 20_000]);
-    assert_nginx_error(&send(big_body).await, 413, "body_too_large");
+    assert_nginx_error(&send(big_body).await, 413, "payload_too_large");
     let big_header = http
         .get(nginx.url("/health"))
         .header("x-big", "a".repeat(9000));
