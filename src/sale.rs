@@ -209,15 +209,13 @@ impl Seller {
         request: SaleRequest,
         idempotency_key: Option<&idempotency::Key>,
     ) -> Result<Completed, SaleError> {
-        match self.items.stocked(id).await? {
-            Some(item) => self.sell(&item, request, idempotency_key).await,
-            None => {
-                self.store()
-                    .metrics()
-                    .sale(request.strategy, Outcome::UnknownItem);
-                Err(SaleError::UnknownItem)
-            }
-        }
+        let outcome = match self.items.stocked(id).await {
+            Ok(Some(item)) => self.sell_uncounted(&item, request, idempotency_key).await,
+            Ok(None) => Err(SaleError::UnknownItem),
+            Err(e) => Err(e.into()),
+        };
+        self.count(request.strategy, &outcome);
+        outcome
     }
 
     /// Sells one item. With an idempotency key, a repeated request replays the first
@@ -228,13 +226,33 @@ impl Seller {
         request: SaleRequest,
         idempotency_key: Option<&idempotency::Key>,
     ) -> Result<Completed, SaleError> {
+        let outcome = self.sell_uncounted(item, request, idempotency_key).await;
+        self.count(request.strategy, &outcome);
+        outcome
+    }
+
+    /// Counts every answer of the sale endpoint in one place, the early ones too (Redis
+    /// failing the stock check or the idempotency claim). A replayed sale is not counted
+    /// again as sold: the counter of sales would no longer match the ledger.
+    fn count(&self, strategy: Strategy, outcome: &Result<Completed, SaleError>) {
+        let metrics = self.store().metrics();
+        match outcome {
+            Ok(Completed { replayed: true, .. }) => {}
+            Ok(_) => metrics.sale(strategy, Outcome::Sold),
+            Err(e) => metrics.sale(strategy, e.outcome()),
+        }
+    }
+
+    async fn sell_uncounted(
+        &self,
+        item: &Item,
+        request: SaleRequest,
+        idempotency_key: Option<&idempotency::Key>,
+    ) -> Result<Completed, SaleError> {
         if item.needs_stock_check() {
             // Before anything is written for the sale: an item nobody stocked gets no lock
             // key, no fencing counter and no idempotency key.
             if !item.store().is_stocked().await? {
-                item.store()
-                    .metrics()
-                    .sale(request.strategy, Outcome::UnknownItem);
                 return Err(SaleError::UnknownItem);
             }
             item.set_stocked(true);
@@ -244,7 +262,7 @@ impl Seller {
             None => None,
             Some(key) => match self.claim(item, key, &order_id, request).await? {
                 Next::Proceed(claim) => Some(claim),
-                Next::Replay(prior) => return self.replay(item, request.strategy, prior),
+                Next::Replay(prior) => return replay(prior),
             },
         };
         let attempt = SaleAttempt {
@@ -268,13 +286,8 @@ impl Seller {
             // Redis lost the item's data: the next sale looks again before it writes.
             item.set_stocked(false);
         }
-        let metrics = item.store().metrics();
-        match &outcome {
-            Ok(_) => metrics.sale(request.strategy, Outcome::Sold),
-            Err(e) => {
-                metrics.sale(request.strategy, e.outcome());
-                tracing::info!(event = crate::events::Event::SaleRefused.name(), order_id = %attempt.order_id, reason = e.code(), "sale refused");
-            }
+        if let Err(e) = &outcome {
+            tracing::info!(event = crate::events::Event::SaleRefused.name(), order_id = %attempt.order_id, reason = e.code(), "sale refused");
         }
         outcome.map(|sold| Completed {
             sold,
@@ -304,26 +317,6 @@ impl Seller {
                 Err(e.into())
             }
         }
-    }
-
-    fn replay(
-        &self,
-        item: &Item,
-        strategy: Strategy,
-        prior: Prior,
-    ) -> Result<Completed, SaleError> {
-        let outcome = match prior {
-            Prior::Sold(entry) => {
-                return Ok(Completed {
-                    sold: entry.into(),
-                    replayed: true,
-                });
-            }
-            Prior::SoldOut => SaleError::SoldOut,
-            Prior::InProgress => SaleError::InProgress,
-        };
-        item.store().metrics().sale(strategy, outcome.outcome());
-        Err(outcome)
     }
 
     /// Keeps a final `sold_out` for replays; frees the key after a failure that sold nothing
@@ -524,6 +517,18 @@ impl Seller {
         if let Err(e) = item.locks.release(guard).await {
             tracing::warn!(error = %e, "lock release failed; the lock is freed when its lease ends");
         }
+    }
+}
+
+/// What an earlier attempt with the same key left: its sale, replayed, or its refusal.
+fn replay(prior: Prior) -> Result<Completed, SaleError> {
+    match prior {
+        Prior::Sold(entry) => Ok(Completed {
+            sold: entry.into(),
+            replayed: true,
+        }),
+        Prior::SoldOut => Err(SaleError::SoldOut),
+        Prior::InProgress => Err(SaleError::InProgress),
     }
 }
 

@@ -357,6 +357,20 @@ async fn metrics_count_sales_waits_renewals_and_redis_errors() {
     // The first call after the connection broke cannot tell whether its write went out.
     let down = app.sale("strategy=atomic").await;
     assert!(matches!(down.status, 503 | 504), "{down:?}");
+    // Answers that come before the sale proper: Redis fails the idempotency claim, or the
+    // look at whether an item was ever stocked. Each is counted, as every answer is.
+    let http = reqwest::Client::new();
+    let keyed = app
+        .send(
+            http.post(app.url("/inventory/sale?strategy=fenced"))
+                .header("idempotency-key", "counted-while-down"),
+        )
+        .await;
+    assert_eq!(keyed.status, 503, "{keyed:?}");
+    let fresh = app
+        .send(http.post(app.url("/inventory/never-stocked/sale?strategy=setnx")))
+        .await;
+    assert_eq!(fresh.status, 503, "{fresh:?}");
     redis.restart().await;
 
     let metrics = app.get("/metrics").await;
@@ -409,6 +423,13 @@ async fn metrics_count_sales_waits_renewals_and_redis_errors() {
     );
     assert!(value("inventory_redis_errors_total") >= 1.0);
     assert_eq!(value("inventory_locks_lost_total"), 0.0);
+    // Every answer of the sale endpoint is counted once, whatever its outcome.
+    let counted: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("inventory_sales_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(counted, 6.0, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
