@@ -98,8 +98,8 @@ pub struct StrategyReport {
     /// The master killed by `--failover-after`.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub failover: Option<failover::Killed>,
-    /// Seconds from the kill to the first sale sent after the outage began (the first request
-    /// after the kill that failed); 0 when no request failed.
+    /// Seconds from the kill to the answer of the first sale sent after the outage began (the
+    /// first request after the kill that failed); 0 when no request failed.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub resumed_after_s: Option<f64>,
     /// Sales per second until the kill: the steady rate, which the outage does not dilute.
@@ -127,27 +127,29 @@ pub struct StrategyReport {
     pub per_item: Vec<ItemReport>,
 }
 
-/// How long sales stopped after a kill at `at`, from `(sent, sold, failed)` per request.
-/// Requests sent just after the kill can still be answered by the dying master, so the
-/// outage starts at the first failure after the kill and ends at the first sale sent after
-/// that failure. `None` when sales never came back.
+/// How long sales stopped after a kill at `at`, from `(sent, answered, sold, failed)` per
+/// request. Requests sent just after the kill can still be answered by the dying master, so
+/// the outage starts at the first failure sent after the kill, and ends when a sale sent
+/// after that failure is answered: by its answer, not its sending, or a sale that waited out
+/// the failover would look as if sales had come back the moment it was sent. `None` when
+/// sales never came back.
 fn resumed_after(
-    requests: impl Iterator<Item = (Duration, bool, bool)> + Clone,
+    requests: impl Iterator<Item = (Duration, Duration, bool, bool)> + Clone,
     at: Duration,
 ) -> Option<Duration> {
     let outage = requests
         .clone()
-        .filter(|&(sent, _, failed)| failed && sent >= at)
-        .map(|(sent, _, _)| sent)
+        .filter(|&(sent, _, _, failed)| failed && sent >= at)
+        .map(|(sent, _, _, _)| sent)
         .min();
     let after = outage.unwrap_or(at);
     let first_sale = requests
-        .filter(|&(sent, sold, _)| sold && sent > after)
-        .map(|(sent, _, _)| sent)
+        .filter(|&(sent, _, sold, _)| sold && sent > after)
+        .map(|(_, answered, _, _)| answered)
         .min();
     match (outage, first_sale) {
         (None, Some(_)) => Some(Duration::ZERO),
-        (Some(_), Some(sale)) => Some(sale - at),
+        (Some(_), Some(sale)) => Some(sale.saturating_sub(at)),
         (_, None) => None,
     }
 }
@@ -439,7 +441,8 @@ impl LoadTest {
             report.resumed_after_s = resumed_after(
                 results.iter().map(|s| {
                     let sold = matches!(s.outcome, Outcome::Sold { .. });
-                    (s.sent, sold, matches!(s.outcome, Outcome::Error(_)))
+                    let failed = matches!(s.outcome, Outcome::Error(_));
+                    (s.sent, s.sent + s.latency, sold, failed)
                 }),
                 at,
             )
@@ -778,24 +781,45 @@ mod tests {
         // A sale sent just after the kill was still answered by the dying master: the outage
         // is not over then, it has not begun.
         let requests = [
-            (ms(90), true, false),
-            (ms(101), true, false),
-            (ms(105), false, true),
-            (ms(900), false, true),
-            (ms(1500), true, false),
-            (ms(1600), true, false),
+            (ms(90), ms(95), true, false),
+            (ms(101), ms(104), true, false),
+            (ms(105), ms(106), false, true),
+            (ms(900), ms(901), false, true),
+            (ms(1500), ms(1510), true, false),
+            (ms(1600), ms(1605), true, false),
         ];
-        assert_eq!(resumed_after(requests.into_iter(), ms(100)), Some(ms(1400)));
+        assert_eq!(resumed_after(requests.into_iter(), ms(100)), Some(ms(1410)));
+    }
+
+    #[test]
+    fn a_sale_that_waited_out_the_failover_ends_the_outage_when_it_is_answered() {
+        // Sent right after the first failure, it hung through the failover and sold on the
+        // new master 2.3 s later: sales were back then, not when it was sent.
+        let requests = [
+            (ms(105), ms(106), false, true),
+            (ms(110), ms(2400), true, false),
+            (ms(2390), ms(2395), true, false),
+        ];
+        assert_eq!(resumed_after(requests.into_iter(), ms(100)), Some(ms(2295)));
     }
 
     #[test]
     fn no_failure_after_the_kill_is_no_outage_and_no_sale_after_it_is_never() {
-        let clean = [(ms(50), true, false), (ms(150), true, false)];
+        let clean = [
+            (ms(50), ms(51), true, false),
+            (ms(150), ms(151), true, false),
+        ];
         assert_eq!(resumed_after(clean.into_iter(), ms(100)), Some(ms(0)));
-        let dead = [(ms(50), true, false), (ms(150), false, true)];
+        let dead = [
+            (ms(50), ms(51), true, false),
+            (ms(150), ms(151), false, true),
+        ];
         assert_eq!(resumed_after(dead.into_iter(), ms(100)), None);
         // Sold out is an answer, not a failure.
-        let sold_out = [(ms(150), false, false), (ms(200), true, false)];
+        let sold_out = [
+            (ms(150), ms(151), false, false),
+            (ms(200), ms(201), true, false),
+        ];
         assert_eq!(resumed_after(sold_out.into_iter(), ms(100)), Some(ms(0)));
     }
 

@@ -815,6 +815,12 @@ async fn the_load_test_through_nginx_loses_no_sale_answered_200_across_a_failove
     let timing = SentinelTiming::default();
     let bound = timing.down_after + timing.failover_timeout + Duration::from_secs(2);
     let resumed = report.resumed_after_s.expect("sales resumed");
+    // Nothing can sell before the sentinels have even agreed that the master is down: an
+    // earlier figure would be a sale counted by when it was sent, not answered.
+    assert!(
+        resumed >= timing.down_after.as_secs_f64(),
+        "sales resumed {resumed} s after the kill, before down-after: {report:#?}"
+    );
     assert!(
         resumed < bound.as_secs_f64(),
         "sales resumed {resumed} s after the kill, beyond {bound:?}: {report:#?}"
