@@ -391,7 +391,14 @@ impl Seller {
         let deadline = Instant::now() + self.wait_budget;
         let strategy = attempt.request.strategy;
         let locks = &item.locks;
+        let outages = item.store().outages();
         let mut guard = locks.acquire(strategy, &owner, deadline, false).await?;
+        if item.store().outages() != outages {
+            // Redis stopped answering while this sale waited (the sale ahead of it timed
+            // out): it would only wait out the same timeout in its turn. Nothing written.
+            self.release(item, guard).await;
+            return Err(SaleError::Redis(crate::store::unanswered_while_waiting()));
+        }
         let outcome = if attempt.request.reenter {
             // The nested acquisition that non-reentrant locks cannot survive.
             match locks.reenter(&guard, deadline).await {

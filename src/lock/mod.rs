@@ -559,7 +559,15 @@ impl Locks {
         deadline: Instant,
     ) -> Result<(Option<u64>, Hold), LockError> {
         let started = Instant::now();
+        let outages = self.cx.store.outages();
         loop {
+            // Every wait here ends within a few tens of milliseconds to join again: a sale
+            // that sees Redis left a call unanswered meanwhile (the sale standing in the
+            // Redis queue for this instance, or the holder, timed out) answers now, instead
+            // of each sale in line standing in the queue in turn for its own timeout.
+            if self.cx.store.outages() != outages {
+                return Err(LockError::Redis(crate::store::unanswered_while_waiting()));
+            }
             let passed = match self.cohort.join(lock, started) {
                 Joined::Taken(tenure) => Some(tenure),
                 Joined::Wait { mut passed, until } | Joined::Behind { mut passed, until } => {

@@ -111,6 +111,50 @@ async fn a_frozen_redis_costs_a_sale_the_timeout_and_leaves_no_lock_behind() {
     assert_eq!(audit["lost_updates"], 0, "{audit}");
 }
 
+/// Sales in line for the lock while Redis is frozen: each answers about the timeout, not
+/// one timeout per sale ahead of it. Before, every sale in line got the lock in turn and
+/// waited out its own call (12 sales: up to 12 timeouts), and a sale at the end of the line
+/// could still sell after the freeze, long after the first 503 said Redis was down.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_redis_costs_every_sale_in_line_about_the_timeout_not_one_timeout_each() {
+    const IN_LINE: usize = 12;
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .start()
+        .await;
+    for strategy in ["fenced", "lua-release", "watchdog", "setnx-ttl"] {
+        app.reset(100).await;
+        redis.signal("STOP").await;
+        let query = format!("strategy={strategy}");
+        let sales = (0..IN_LINE).map(|_| app.sale(&query));
+        let sales = futures_util::future::join_all(sales).await;
+        redis.signal("CONT").await;
+        // The holder's own call may be answered only just past the timeout, then a sale
+        // standing in the Redis queue for its next attempt, then a look every 50 ms.
+        let bound = Duration::from_millis(3 * REDIS_TIMEOUT_MS + 600);
+        for sale in &sales {
+            assert!(
+                matches!(sale.status, 503 | 504),
+                "{strategy}: a sale answered {} with Redis frozen: {sale:?}",
+                sale.status
+            );
+            assert!(
+                sale.elapsed < bound,
+                "{strategy}: a sale in line took {:?}, beyond {bound:?}: {:?}",
+                sale.elapsed,
+                sales.iter().map(|s| s.elapsed).collect::<Vec<_>>()
+            );
+        }
+        // Nothing those sales left behind stops the next one, and none of them sold.
+        let next = app.sale(&query).await;
+        assert_eq!(next.status, 200, "{strategy}: {next:?}");
+        let audit = app.audit().await;
+        assert_eq!(audit["sales"], 1, "{strategy}: {audit}");
+        assert_eq!(audit["clean"], true, "{strategy}: {audit}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lock_held_by_a_killed_instance_expires_within_its_ttl() {
     const TTL_MS: u64 = 1_000;
