@@ -504,6 +504,11 @@ impl Locks {
         // With REPLICA_ACKS, every call of an attempt waits for the replicas on its
         // own connection; the count is read once the lock is had.
         let acked = self.cx.acked();
+        // Between attempts, a waiter that sees the stock's Redis leave a call unanswered
+        // stops, with nothing sent: the holder it waits for is stuck on the same Redis, and
+        // each waiter in turn would hold the lock for its own timeout (`redlock-fenced`
+        // draws its token there with the quorum held: 1, 2, 3... s in line).
+        let outages = self.cx.store.outages();
         let attempt = waiter.until_acquired(
             owner,
             deadline,
@@ -517,7 +522,11 @@ impl Locks {
                     }
                     None => &self.cx,
                 };
+                let outage = self.cx.store.outages() != outages;
                 async move {
+                    if outage {
+                        return Err(crate::store::unanswered_while_waiting());
+                    }
                     match queued {
                         Some(queued) => handoff::try_acquire(cx, lock, owner, queued).await,
                         None => try_acquire(cx, lock, owner).await,

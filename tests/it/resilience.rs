@@ -119,11 +119,26 @@ async fn a_frozen_redis_costs_a_sale_the_timeout_and_leaves_no_lock_behind() {
 async fn a_frozen_redis_costs_every_sale_in_line_about_the_timeout_not_one_timeout_each() {
     const IN_LINE: usize = 12;
     let redis = RedisServer::start().await;
+    // The quorum locks' nodes stay up: only the stock's Redis freezes, where
+    // `redlock-fenced` draws its token with the quorum held.
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(RedisServer::start().await);
+    }
+    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
     let app = InstanceBuilder::new(&redis, "app1")
         .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .env("LOCK_NODES", list.join(","))
         .start()
         .await;
-    for strategy in ["fenced", "lua-release", "watchdog", "setnx-ttl"] {
+    for strategy in [
+        "fenced",
+        "lua-release",
+        "watchdog",
+        "setnx-ttl",
+        "redlock",
+        "redlock-fenced",
+    ] {
         app.reset(100).await;
         redis.signal("STOP").await;
         let query = format!("strategy={strategy}");
