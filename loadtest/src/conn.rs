@@ -284,6 +284,17 @@ mod tests {
         }
     }
 
+    /// A server that accepts (the kernel's backlog does) and never answers, while the
+    /// listener lives.
+    async fn silent() -> (Arc<Target>, tokio::net::TcpListener) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let port = listener.local_addr().expect("its address").port();
+        let target = Target::parse(&format!("http://127.0.0.1:{port}")).expect("its URL");
+        (Arc::new(target), listener)
+    }
+
     #[tokio::test]
     async fn a_body_without_end_is_cut_at_the_cap_and_a_silent_server_at_the_deadline() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -310,11 +321,7 @@ mod tests {
             Some(Failure::BodyTooLarge)
         );
 
-        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let port = silent.local_addr().expect("its address").port();
-        let target = Arc::new(Target::parse(&format!("http://127.0.0.1:{port}")).expect("URL"));
+        let (target, silent) = silent().await;
         let started = tokio::time::Instant::now();
         let mut conn =
             Conn::new(target, Duration::from_secs(60)).until(started + Duration::from_millis(300));
@@ -341,12 +348,7 @@ mod tests {
             Some(Failure::Connect)
         );
 
-        // Accepts (the kernel's backlog does) and never answers.
-        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let port = silent.local_addr().expect("its address").port();
-        let target = Arc::new(Target::parse(&format!("http://127.0.0.1:{port}")).expect("URL"));
+        let (target, silent) = silent().await;
         let mut conn = Conn::new(target, Duration::from_millis(200));
         assert_eq!(
             conn.send(Method::GET, "/health").await.err(),
