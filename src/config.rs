@@ -137,7 +137,7 @@ pub struct Config {
     /// a machine's cores with each other (and with nginx and Redis, as `make up` runs them)
     /// do better with their share: a thread more than the cores it gets is woken across
     /// cores for every Redis reply, and preempted.
-    #[arg(long, env = "WORKER_THREADS", value_parser = parse_worker_threads)]
+    #[arg(long, env = "WORKER_THREADS", value_parser = whole_u16::<1, 1_024>)]
     pub worker_threads: Option<u16>,
 
     /// Most client connections one instance keeps open at once; more wait in the listen
@@ -406,27 +406,23 @@ fn whole<const LO: u64, const HI: u64>(value: &str) -> Result<u64, String> {
 }
 
 fn whole_u32<const LO: u64, const HI: u64>(value: &str) -> Result<u32, String> {
-    whole::<LO, HI>(value)
-        .and_then(|n| u32::try_from(n).map_err(|_| format!("valid: a whole number in {LO}..={HI}")))
+    whole_as::<u32, LO, HI>(value)
 }
 
 fn whole_u16<const LO: u64, const HI: u64>(value: &str) -> Result<u16, String> {
+    whole_as::<u16, LO, HI>(value)
+}
+
+/// [`whole`] for a narrower type; `HI` fits it in every use.
+fn whole_as<T: TryFrom<u64>, const LO: u64, const HI: u64>(value: &str) -> Result<T, String> {
     whole::<LO, HI>(value)
-        .and_then(|n| u16::try_from(n).map_err(|_| format!("valid: a whole number in {LO}..={HI}")))
+        .and_then(|n| T::try_from(n).map_err(|_| format!("valid: a whole number in {LO}..={HI}")))
 }
 
 fn parse_bind_addr(value: &str) -> Result<IpAddr, String> {
     value.parse().map_err(|_| {
         "valid: an IP address, like 127.0.0.1, 0.0.0.0 (every interface) or ::1".into()
     })
-}
-
-fn parse_worker_threads(value: &str) -> Result<u16, String> {
-    value
-        .parse::<u16>()
-        .ok()
-        .filter(|n| (1..=1_024).contains(n))
-        .ok_or_else(|| format!("WORKER_THREADS is {value:?}; valid: a whole number in 1..=1024"))
 }
 
 fn parse_strategy(name: &str) -> Result<Strategy, String> {

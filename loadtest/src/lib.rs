@@ -468,31 +468,26 @@ impl LoadTest {
         Ok(())
     }
 
-    /// Asked again, as the audit is, while the answer is [`passing`].
     async fn reset_one(&self, path: &str) -> anyhow::Result<()> {
-        let give_up = Instant::now() + AUDIT_PATIENCE;
-        loop {
-            let mut request = self
+        let send = || {
+            let request = self
                 .http
                 .put(format!("{}{path}", self.plan.target))
                 .json(&serde_json::json!({ "stock": self.plan.stock }));
-            if let Some(token) = &self.plan.admin_token {
-                request = request.bearer_auth(token);
+            match &self.plan.admin_token {
+                Some(token) => request.bearer_auth(token),
+                None => request,
             }
-            let response = request
-                .send()
-                .await
-                .with_context(|| format!("cannot reach {}", self.plan.target))?;
-            let status = response.status();
-            if status.is_success() {
-                return Ok(());
-            }
-            if !passing(status) || Instant::now() >= give_up {
-                let body = response.text().await.unwrap_or_default();
-                bail!("resetting the stock ({path}) failed with {status}: {body}");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let response = until_not_passing(send)
+            .await
+            .with_context(|| format!("cannot reach {}", self.plan.target))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            bail!("resetting the stock ({path}) failed with {status}: {body}");
         }
+        Ok(())
     }
 
     /// Every item's audit, in the items' order.
@@ -508,23 +503,31 @@ impl LoadTest {
     /// ends during a failover, with Redis restarting or with nginx holding the instances
     /// down still gets its books once the service is back.
     async fn audit(&self, path: &str) -> anyhow::Result<Audit> {
-        let give_up = Instant::now() + AUDIT_PATIENCE;
-        loop {
-            let response = self
-                .http
-                .get(format!("{}{path}/audit", self.plan.target))
-                .send()
-                .await
-                .context("cannot read the audit")?;
-            let status = response.status();
-            if status.is_success() {
-                return Ok(response.json().await?);
-            }
-            if !passing(status) || Instant::now() >= give_up {
-                bail!("the audit ({path}/audit) failed with {status}");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        let url = format!("{}{path}/audit", self.plan.target);
+        let response = until_not_passing(|| self.http.get(&url))
+            .await
+            .context("cannot read the audit")?;
+        let status = response.status();
+        if !status.is_success() {
+            bail!("the audit ({path}/audit) failed with {status}");
         }
+        Ok(response.json().await?)
+    }
+}
+
+/// Sends the request `build` makes, again every 200 ms while the answer is [`passing`], for
+/// up to [`AUDIT_PATIENCE`]; returns the last answer. Only for requests that are safe to send
+/// again: reads, and resets (which set the stock rather than take from it).
+async fn until_not_passing(
+    build: impl Fn() -> reqwest::RequestBuilder,
+) -> reqwest::Result<reqwest::Response> {
+    let give_up = Instant::now() + AUDIT_PATIENCE;
+    loop {
+        let response = build().send().await?;
+        if !passing(response.status()) || Instant::now() >= give_up {
+            return Ok(response);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
