@@ -17,12 +17,13 @@ local function hand_off(lock, fence, queue, entries, inboxes)
     redis.call('ZREM', queue, who)
     redis.call('HDEL', entries, who)
     if entry then
-      local deadline, inbox, shape, newest, lease = string.match(entry, '^(%d+)|(.+)|(%a+)|(%d+)|(%d+)$')
+      local deadline, inbox, shape, newest, lease, block =
+        string.match(entry, '^(%d+)|(.+)|(%a+)|(%d+)|(%d+)|(%d+)$')
       if inbox and redis.call('HINCRBY', inboxes, inbox, -1) <= 0 then
         redis.call('HDEL', inboxes, inbox)
       end
       if deadline and tonumber(deadline) > now then
-        local token = 0
+        local token, last = 0, 0
         if shape == 'string' then
           redis.call('SET', lock, who, 'PX', lease)
         else
@@ -30,7 +31,9 @@ local function hand_off(lock, fence, queue, entries, inboxes)
             if tonumber(redis.call('GET', fence) or '0') < tonumber(newest) then
               redis.call('SET', fence, newest)
             end
-            token = redis.call('INCR', fence)
+            -- The waiter's whole block, as its own attempt would have drawn it.
+            last = redis.call('INCRBY', fence, math.max(1, tonumber(block)))
+            token = last - math.max(1, tonumber(block)) + 1
           end
           redis.call('HSET', lock, who, 1)
           redis.call('PEXPIRE', lock, lease)
@@ -41,7 +44,7 @@ local function hand_off(lock, fence, queue, entries, inboxes)
         if redis.call('HEXISTS', inboxes, inbox) == 1 then
           behind = behind - 1
         end
-        redis.call('RPUSH', inbox, behind .. '|' .. token .. '|' .. shape .. '|' .. who)
+        redis.call('RPUSH', inbox, behind .. '|' .. token .. '|' .. last .. '|' .. shape .. '|' .. who)
         redis.call('PEXPIRE', inbox, lease)
         return true
       end

@@ -1,15 +1,17 @@
 -- Take the lock, or join its FIFO queue of waiters, in one step (`LOCK_WAIT=notify`, the
 -- strategies whose release hands the lock over: lua-release, reentrant, watchdog, fenced).
 -- A release hands the lock to the first live waiter (see hand_off.lua):
--- it writes the lock for that waiter and pushes '<behind>|<token>|<shape>|<owner>' onto the
--- waiter's instance's inbox list, so the woken waiter already holds the lock (<behind>: how
--- many other instances still have waiters queued).
+-- it writes the lock for that waiter and pushes '<behind>|<token>|<last>|<shape>|<owner>'
+-- onto the waiter's instance's inbox list, so the woken waiter already holds the lock
+-- (<behind>: how many other instances still have waiters queued; <token>..<last>: the
+-- fencing tokens drawn for it, 0|0 unless fenced).
 -- A waiter's entry carries a deadline that the waiter refreshes while it waits; a release
 -- skips entries past their deadline, so a waiter that died stalls nobody.
 -- KEYS[1]: the lock key (a string for shape 'string', a hash owner -> count otherwise)
 -- KEYS[2]: the fencing counter
 -- KEYS[3]: the queue (a sorted set: owner -> arrival time in microseconds)
--- KEYS[4]: the entries (a hash: owner -> 'deadline ms|inbox key|shape|newest token|lease ms')
+-- KEYS[4]: the entries (a hash: owner ->
+--          'deadline ms|inbox key|shape|newest token|lease ms|tokens to draw')
 -- KEYS[5]: this waiter's inbox (a list its instance blocks on)
 -- KEYS[6]: how many queued waiters each instance has (a hash: inbox key -> count)
 -- ARGV[1]: owner id (instance:request)
@@ -20,11 +22,16 @@
 --          'leave' (giving up: leave the queue), 'forget' (leave the queue and nothing
 --          else: the waiter got the lock from a sale of its own instance)
 -- ARGV[6]: how long the entry stays valid without a refresh, in milliseconds
--- returns: {1, token, behind} when held (taken, re-entered, or handed over while queued;
---          token is 0 unless fenced; behind is how many other instances have waiters
+-- ARGV[7]: fenced only: how many tokens to draw when the lock is granted, here or by a
+--          hand-off: the first is the holder's, the others are for the sales its instance
+--          passes the lock to within its tenure (1 without tenures)
+-- returns: {1, token, behind, last} when held (taken, re-entered, or handed over while
+--          queued; token..last are the tokens drawn for it, 0 unless fenced, and
+--          token = last when re-entered; behind is how many other instances have waiters
 --          queued); {0, pttl} when another owner holds it (queued unless leaving);
 --          {0, 0} for 'forget'
 local owner, shape, phase = ARGV[1], ARGV[2], ARGV[5]
+local block = math.max(1, tonumber(ARGV[7] or '1') or 1)
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(now_us / 1000)
@@ -63,39 +70,46 @@ if phase == 'forget' then
 end
 
 -- Queued before, and the entry is gone while the lock is ours: a release handed it over.
--- The inbox message is then redundant: take it back so that nobody acts on it.
+-- The inbox message is then redundant: take it back so that nobody acts on it, and take
+-- the tokens it carries. Without it (the instance has popped it already) the newest token
+-- is this holder's: only a holder draws, and the lock is ours.
 if phase ~= 'try' and mine and not queued then
-  local token = current_token()
-  local tail = '|' .. token .. '|' .. shape .. '|' .. owner
+  local tail = '|' .. shape .. '|' .. owner
   for _, message in ipairs(redis.call('LRANGE', KEYS[5], 0, -1)) do
-    if #message > #tail and string.sub(message, -#tail) == tail
-        and string.match(string.sub(message, 1, #message - #tail), '^%d+$') then
+    local head = #message > #tail and string.sub(message, -#tail) == tail
+      and string.sub(message, 1, #message - #tail)
+    local token, last = head and string.match(head, '^%d+|(%d+)|(%d+)$')
+    if token then
       redis.call('LREM', KEYS[5], 1, message)
-      break
+      return {1, tonumber(token), others_waiting(), tonumber(last)}
     end
   end
-  return {1, token, others_waiting()}
+  local token = current_token()
+  return {1, token, others_waiting(), token}
 end
 
 if kind == 'none' or (mine and shape ~= 'string') then
   leave_queue()
-  local token = 0
+  local token, last = 0, 0
   if shape == 'string' then
     redis.call('SET', KEYS[1], owner, 'PX', ARGV[3])
   else
     if shape == 'fenced' then
-      token = mine and tonumber(redis.call('GET', KEYS[2]))
-      if not token then
+      last = mine and tonumber(redis.call('GET', KEYS[2]))
+      if last then
+        token = last
+      else
         if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[4]) then
           redis.call('SET', KEYS[2], ARGV[4])
         end
-        token = redis.call('INCR', KEYS[2])
+        last = redis.call('INCRBY', KEYS[2], block)
+        token = last - block + 1
       end
     end
     redis.call('HINCRBY', KEYS[1], owner, 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
   end
-  return {1, token, others_waiting()}
+  return {1, token, others_waiting(), last}
 end
 
 local pttl = redis.call('PTTL', KEYS[1])
@@ -108,7 +122,7 @@ if redis.call('ZADD', KEYS[3], 'NX', now_us, owner) == 1 then
   redis.call('HINCRBY', KEYS[6], KEYS[5], 1)
 end
 redis.call('HSET', KEYS[4], owner, (now + tonumber(ARGV[6])) .. '|' .. KEYS[5] .. '|' .. shape
-  .. '|' .. ARGV[4] .. '|' .. ARGV[3])
+  .. '|' .. ARGV[4] .. '|' .. ARGV[3] .. '|' .. block)
 -- Forgotten by themselves once nobody refreshes any entry.
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[6]) + 60000)
 redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[6]) + 60000)

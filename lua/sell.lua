@@ -38,6 +38,9 @@
 -- ARGV[7]: 'locked' only: the fencing token, or '' when the strategy has none
 -- ARGV[8]: 'locked' only: the lock-free write count the caller read with the stock
 -- ARGV[9]: 'locked' only: the other-lock write count the caller read with the stock
+-- ARGV[10]: 'locked' only, optional: the fencing token of the sale its lock tenure passes
+--          the lock to next, registered as read once this write lands, as that sale's own
+--          read would (its stock is this write's, and its counts the ones checked here)
 -- returns: {1, stock left} when sold; {0, newest token} for a stale fencing token;
 --          {2, 0} when the idempotency claim expired or was taken; {3, 0} when a lock-free
 --          writer, or one under the other kind of lock, wrote since the read; {4, 0} when the stock key is missing (never stocked,
@@ -69,7 +72,8 @@ local remaining
 if locked then
   redis.call('INCR', KEYS[11])
   if fence then
-    redis.call('SET', KEYS[6], fence)
+    local next_fence = tonumber(ARGV[10] or '')
+    redis.call('SET', KEYS[6], (next_fence and next_fence > fence) and next_fence or fence)
   end
   remaining = tonumber(ARGV[6])
   redis.call('SET', KEYS[1], remaining)

@@ -75,6 +75,7 @@ pub(super) async fn try_acquire(
         newest,
         q.phase.as_str(),
         q.entry_ms,
+        cx.fence_block,
     );
     let reply = cx
         .store
@@ -82,31 +83,39 @@ pub(super) async fn try_acquire(
         .await?;
     let attempt = Attempt::from_script(reply, shape == "fenced");
     if let Attempt::Acquired {
-        fence: Some(token), ..
+        fence: Some(token),
+        fence_to,
+        ..
     } = attempt
     {
-        cx.newest_fence.fetch_max(token, Ordering::AcqRel);
+        cx.newest_fence
+            .fetch_max(fence_to.unwrap_or(token).max(token), Ordering::AcqRel);
     }
     Ok(attempt)
 }
 
-/// A hand-off message: `<behind>|<token>|<shape>|<owner>`, `behind` being how many waiters
-/// were still queued after this one.
+/// A hand-off message: `<behind>|<token>|<last>|<shape>|<owner>`, `behind` being how many
+/// waiters were still queued after this one, and `token..=last` the fencing tokens drawn
+/// for the new holder (its own, then those of the sales its tenure passes the lock to).
+/// The owner comes last: it is the only part that may itself hold a `|`.
 pub(crate) struct Handed<'a> {
     pub behind: u64,
     pub token: u64,
+    pub last: u64,
     pub shape: &'a str,
     pub owner: &'a str,
 }
 
 impl<'a> Handed<'a> {
     pub(crate) fn parse(message: &'a str) -> Option<Self> {
-        let (behind, message) = message.split_once('|')?;
-        let (token, rest) = message.split_once('|')?;
-        let (shape, owner) = rest.split_once('|')?;
+        let mut parts = message.splitn(5, '|');
+        let mut number = || parts.next()?.parse::<u64>().ok();
+        let (behind, token, last) = (number()?, number()?, number()?);
+        let (shape, owner) = (parts.next()?, parts.next()?);
         Some(Self {
-            behind: behind.parse().ok()?,
-            token: token.parse().ok()?,
+            behind,
+            token,
+            last,
             shape,
             owner,
         })
@@ -114,6 +123,10 @@ impl<'a> Handed<'a> {
 
     pub(crate) fn fence(&self) -> Option<u64> {
         (self.shape == "fenced").then_some(self.token)
+    }
+
+    pub(crate) fn fence_to(&self) -> Option<u64> {
+        (self.shape == "fenced").then_some(self.last.max(self.token))
     }
 }
 
@@ -139,13 +152,19 @@ mod tests {
 
     #[test]
     fn a_hand_off_message_reads_back() {
-        let handed = Handed::parse("3|7|fenced|host:1:order|x").expect("parses");
+        let handed = Handed::parse("3|7|22|fenced|host:1:order|x").expect("parses");
         assert_eq!(handed.behind, 3);
         assert_eq!(handed.token, 7);
         assert_eq!(handed.owner, "host:1:order|x");
         assert_eq!(handed.fence(), Some(7));
-        assert_eq!(Handed::parse("0|0|string|a").and_then(|h| h.fence()), None);
+        assert_eq!(handed.fence_to(), Some(22));
+        let unfenced = Handed::parse("0|0|0|string|a").expect("parses");
+        assert_eq!((unfenced.fence(), unfenced.fence_to()), (None, None));
         assert!(Handed::parse("garbage").is_none());
         assert!(Handed::parse("7|fenced|a").is_none(), "a count first");
+        assert!(
+            Handed::parse("3|7|fenced|a").is_none(),
+            "both ends of the block"
+        );
     }
 }

@@ -72,6 +72,8 @@ pub enum Attempt {
     Acquired {
         fence: Option<u64>,
         behind: Option<u64>,
+        /// The last of the tokens drawn with `fence`, when a block was (see [`Grant`]).
+        fence_to: Option<u64>,
     },
     /// Held by someone else; `retry_in` is its remaining lease, `None` when it has none.
     Busy { retry_in: Option<Duration> },
@@ -87,13 +89,14 @@ impl Attempt {
         Attempt::Busy { retry_in }
     }
 
-    /// Reads the `{1, token[, behind]}` / `{0, pttl}` reply of the lock scripts.
+    /// Reads the `{1, token[, behind[, last]]}` / `{0, pttl}` reply of the lock scripts.
     fn from_script(reply: Vec<i64>, fenced: bool) -> Self {
         let value = reply.get(1).copied().unwrap_or(-2);
         if reply.first() == Some(&1) {
             Attempt::Acquired {
                 fence: fenced.then_some(value.max(0) as u64),
                 behind: reply.get(2).map(|&b| b.max(0) as u64),
+                fence_to: reply.get(3).filter(|_| fenced).map(|&t| t.max(0) as u64),
             }
         } else {
             Attempt::busy(value)
@@ -107,6 +110,17 @@ impl Attempt {
 pub struct Grant {
     pub fence: Option<u64>,
     pub behind: Option<u64>,
+    /// The last of a block of tokens drawn with `fence` in the same step, for the sales the
+    /// lock passes to within its tenure: their first pass then needs no round trip to draw.
+    pub fence_to: Option<u64>,
+}
+
+impl Grant {
+    /// The tokens drawn with this grant beyond its own, `next..=last`, if any.
+    fn spare_fences(&self) -> Option<(u64, u64)> {
+        let (fence, last) = (self.fence?, self.fence_to?);
+        (last > fence).then_some((fence + 1, last))
+    }
 }
 
 /// What a release found.
@@ -242,6 +256,9 @@ pub struct LockCx {
     /// The newest fencing token this instance has drawn: if Redis loses its data (and its
     /// counter), the counter restarts above it instead of handing out old tokens again.
     pub newest_fence: Arc<std::sync::atomic::AtomicU64>,
+    /// Fencing tokens a queued attempt draws when it is granted the lock (`notify`): one,
+    /// or with tenures a block, the rest for the sales the tenure passes the lock to.
+    pub fence_block: u64,
 }
 
 impl LockCx {
@@ -338,6 +355,7 @@ impl Locks {
             ttl,
             release_gap,
             newest_fence: Arc::default(),
+            fence_block: 1,
         };
         Self::listening(cx, mode)
     }
@@ -345,7 +363,6 @@ impl Locks {
     fn listening(cx: LockCx, mode: WaitMode) -> Self {
         let waiter = Waiter::listen(&cx.store, mode);
         let poller = Waiter::listen(&cx.store, WaitMode::Spin);
-        let tenure = cohort::QUANTUM.min(cx.ttl / 4);
         Self {
             cx,
             mode,
@@ -353,14 +370,20 @@ impl Locks {
             waiter,
             poller,
             cohort: Arc::default(),
-            tenure,
+            tenure: Duration::ZERO,
         }
+        .with_tenure(cohort::QUANTUM)
     }
 
     /// Sets how long a lock taken from Redis passes between this instance's sales before it
     /// goes back ([`cohort`]); zero turns passing off. Kept under a quarter of the lease.
     pub fn with_tenure(mut self, tenure: Duration) -> Self {
         self.tenure = tenure.min(self.cx.ttl / 4);
+        self.cx.fence_block = if self.tenure.is_zero() {
+            1
+        } else {
+            cohort::TOKEN_BLOCK
+        };
         self
     }
 
@@ -378,6 +401,7 @@ impl Locks {
             ttl: self.cx.ttl,
             release_gap: self.cx.release_gap,
             newest_fence: self.cx.newest_fence.clone(),
+            fence_block: self.cx.fence_block,
         };
         Self::listening(cx, self.mode).with_tenure(self.tenure)
     }
@@ -538,8 +562,8 @@ impl Locks {
         let grant = match attempt.await {
             Ok(Acquired::Passed(passed)) => return Ok(Acquired::Passed(passed)),
             Ok(Acquired::Granted(grant)) => {
-                // A token drawn by the release that handed the lock over.
-                if let Some(token) = grant.fence {
+                // Tokens drawn by the release that handed the lock over.
+                if let Some(token) = grant.fence_to.or(grant.fence) {
                     self.cx.newest_fence.fetch_max(token, Ordering::AcqRel);
                 }
                 grant
@@ -656,7 +680,7 @@ impl Locks {
                 quantum,
                 lease: self.cx.ttl,
                 renewal,
-                tokens: None,
+                tokens: grant.spare_fences(),
                 prefetched: None,
             };
             return Ok((grant.fence, Hold::Cohort(tenure)));
@@ -673,7 +697,7 @@ impl Locks {
         let (store, owner) = (self.cx.store.clone(), owner.clone());
         tokio::spawn(async move {
             let forget =
-                &scripts::lock_queued(&store.keys, &inbox, &owner, shape, 0, 0, "forget", 0);
+                &scripts::lock_queued(&store.keys, &inbox, &owner, shape, 0, 0, "forget", 0, 1);
             let left: RedisResult<Vec<i64>> = store
                 .call(|mut c| async move { forget.invoke_async(&mut c).await })
                 .await;
@@ -983,6 +1007,7 @@ async fn set_nx(store: &Store, owner: &str, ttl: Option<Duration>) -> RedisResul
         Some(_) => Attempt::Acquired {
             fence: None,
             behind: None,
+            fence_to: None,
         },
         None => Attempt::busy(pttl),
     })

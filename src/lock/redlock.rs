@@ -75,6 +75,7 @@ impl RedisLockOps for RedlockFenced {
                 Ok(Attempt::Acquired {
                     fence: Some(token),
                     behind: None,
+                    fence_to: None,
                 })
             }
             Err(e) => {
@@ -199,6 +200,7 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
             return Ok(Attempt::Acquired {
                 fence: None,
                 behind: None,
+                fence_to: None,
             });
         }
         _ => metrics.quorum(None),

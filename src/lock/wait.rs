@@ -259,9 +259,17 @@ impl Waiter {
             // A Redis error drops the registration as cancelled: a hand-off that still
             // arrives for it is released at once.
             let retry_in = match attempt(Some(queued)).await? {
-                Attempt::Acquired { fence, behind } => {
+                Attempt::Acquired {
+                    fence,
+                    behind,
+                    fence_to,
+                } => {
                     registration.finish();
-                    return Ok(Acquired::Granted(Grant { fence, behind }));
+                    return Ok(Acquired::Granted(Grant {
+                        fence,
+                        behind,
+                        fence_to,
+                    }));
                 }
                 Attempt::Busy { retry_in } => retry_in,
             };
@@ -284,7 +292,8 @@ impl Waiter {
                 let handed = Handed::parse(&message);
                 return Ok(Acquired::Granted(Grant {
                     fence: handed.as_ref().and_then(Handed::fence),
-                    behind: handed.map(|h| h.behind),
+                    behind: handed.as_ref().map(|h| h.behind),
+                    fence_to: handed.as_ref().and_then(Handed::fence_to),
                 }));
             }
             phase = Phase::Wait;
@@ -340,8 +349,16 @@ impl Waiter {
     {
         self.attempts.fetch_add(1, Ordering::Relaxed);
         let retry_in = match attempt().await? {
-            Attempt::Acquired { fence, behind } => {
-                return Ok(Tried::Acquired(Grant { fence, behind }));
+            Attempt::Acquired {
+                fence,
+                behind,
+                fence_to,
+            } => {
+                return Ok(Tried::Acquired(Grant {
+                    fence,
+                    behind,
+                    fence_to,
+                }));
             }
             Attempt::Busy { retry_in } => retry_in,
         };

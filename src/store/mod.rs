@@ -1039,16 +1039,18 @@ impl Store {
         }
     }
 
-    /// [`Store::record_sale`], with the read of the next sale of the same lock tenure sent
-    /// right behind it on the same connection: Redis runs them in that order, so the read sees
-    /// this write, and the next sale starts its critical section with its read done (one round
-    /// trip a sale instead of two, within a tenure). The read is `None` when it failed, and
-    /// when the store cannot carry the two in one piece (a cluster, or `REPLICA_ACKS`, whose
-    /// `WAIT` must follow the write alone): the next sale then reads for itself.
+    /// [`Store::record_sale`], and the read of the next sale of the same lock tenure done by
+    /// the same script once the write lands: that sale's stock is this write's, its counts
+    /// are the ones the write checked, and its fencing token (`next_fence`) is registered as
+    /// read then, as its own read would. The next sale starts its critical section with its
+    /// read done: one round trip a sale instead of two, within a tenure. The read is `None`
+    /// when the write did not land, and when the store cannot do the two in one step (a
+    /// cluster, or `REPLICA_ACKS`, whose `WAIT` must follow the write alone): the next sale
+    /// then reads for itself.
     ///
-    /// A write Redis does not know the script of (flushed) ran nothing and is sent again
-    /// alone; a next read that ran meanwhile may have registered a newer fencing token, and
-    /// the write is then refused as stale: a refusal, never a write under an older token.
+    /// One script, not the write and a read pipelined: a write whose script Redis had lost
+    /// ran nothing, while a read behind it that ran registered the next token, and the write
+    /// sent again was then refused as stale (every first sale after Redis started).
     pub async fn record_sale_then_read(
         &self,
         new_stock: i64,
@@ -1065,44 +1067,16 @@ impl Store {
             new_stock,
             fence,
             seen,
+            next_fence,
         };
-        let write = &scripts::sell(&self.keys, entry, self.ledger_cap, mode);
-        let read = &scripts::read_stock(&self.keys, seen.kind, next_fence);
-        let mut replies: Vec<RedisResult<redis::Value>> = self
-            .call(|mut c| async move {
-                redis::pipe()
-                    .ignore_errors()
-                    .invoke_script(write)
-                    .invoke_script(read)
-                    .query_async(&mut c)
-                    .await
-            })
-            .await?;
-        let read = replies.pop();
-        let written = replies.pop();
-        let recorded = match written {
-            Some(Ok(value)) => {
-                let (code, value) = redis::from_redis_value(value)?;
-                Recorded::from_reply(code, value)
-            }
-            Some(Err(e))
-                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                let recorded = self.record_sale(new_stock, entry, fence, seen).await?;
-                return Ok((recorded, None));
-            }
-            Some(Err(e)) => return Err(e),
-            None => {
-                return Err(RedisError::from((
-                    redis::ErrorKind::Client,
-                    "a pipeline of two answered fewer",
-                )));
-            }
+        let recorded = self.sell(entry, mode).await?;
+        let read = match recorded {
+            Recorded::Written(remaining) => Some(StockRead::Current {
+                stock: Some(remaining),
+                seen,
+            }),
+            _ => None,
         };
-        let read = read
-            .and_then(Result::ok)
-            .and_then(|v| redis::from_redis_value(v).ok())
-            .map(|reply| Self::stock_read(seen.kind, reply));
         Ok((recorded, read))
     }
 
@@ -1120,6 +1094,7 @@ impl Store {
             new_stock,
             fence,
             seen,
+            next_fence: None,
         };
         self.sell(entry, mode).await
     }

@@ -103,6 +103,7 @@ pub fn lock_queued(
     newest: u64,
     phase: &str,
     entry_ms: u64,
+    fence_block: u64,
 ) -> ScriptInvocation<'static> {
     let mut i = LOCK_QUEUED.key(&keys.lock);
     i.key(&keys.fence)
@@ -115,7 +116,8 @@ pub fn lock_queued(
         .arg(ttl_ms)
         .arg(newest)
         .arg(phase)
-        .arg(entry_ms);
+        .arg(entry_ms)
+        .arg(fence_block);
     i
 }
 
@@ -172,6 +174,9 @@ pub enum SellMode {
         new_stock: i64,
         fence: Option<u64>,
         seen: WritesSeen,
+        /// The token of the sale the write's lock tenure passes to next, registered as read
+        /// with the write ([`super::Store::record_sale_then_read`]).
+        next_fence: Option<u64>,
     },
 }
 
@@ -214,12 +219,14 @@ pub fn sell(
         new_stock,
         fence,
         seen,
+        next_fence,
     } = mode
     {
         i.arg(new_stock)
             .arg(fence.map(|f| f.to_string()).unwrap_or_default())
             .arg(seen.lockfree)
-            .arg(seen.other_locks);
+            .arg(seen.other_locks)
+            .arg(next_fence.map(|f| f.to_string()).unwrap_or_default());
     }
     i
 }

@@ -28,7 +28,7 @@ async fn attempt(
     entry_ms: u64,
 ) -> (i64, i64) {
     let reply: Vec<i64> =
-        scripts::lock_queued(k, inbox, owner, "string", TTL_MS, 0, phase, entry_ms)
+        scripts::lock_queued(k, inbox, owner, "string", TTL_MS, 0, phase, entry_ms, 1)
             .invoke_async(c)
             .await
             .unwrap();
@@ -60,7 +60,7 @@ async fn a_waiter_that_dies_while_queued_does_not_stall_the_next_one() {
     let to_c: Vec<String> = c.lrange("inbox:c", 0, -1).await.unwrap();
     assert_eq!(
         to_c,
-        ["0|0|string|c"],
+        ["0|0|0|string|c"],
         "nobody behind c, token 0 (unfenced), c"
     );
     let to_b: i64 = c.llen("inbox:b").await.unwrap();
@@ -100,7 +100,7 @@ async fn a_hand_off_counts_the_other_instances_waiting_and_is_taken_back_whateve
     );
     assert_eq!(release(&mut c, &k, "a").await, 1);
     let to_x: Vec<String> = c.lrange("inbox:x", 0, -1).await.unwrap();
-    assert_eq!(to_x, ["1|0|string|b"], "only y waits besides x");
+    assert_eq!(to_x, ["1|0|0|string|b"], "only y waits besides x");
     assert_eq!(
         attempt(&mut c, &k, "b", "inbox:x", "wait", 5000).await,
         (1, 0)
@@ -108,7 +108,7 @@ async fn a_hand_off_counts_the_other_instances_waiting_and_is_taken_back_whateve
     assert_eq!(c.llen::<_, i64>("inbox:x").await.unwrap(), 0);
     assert_eq!(release(&mut c, &k, "b").await, 1);
     let to_y: Vec<String> = c.lrange("inbox:y", 0, -1).await.unwrap();
-    assert_eq!(to_y, ["0|0|string|c"], "d is y's own: nobody else waits");
+    assert_eq!(to_y, ["0|0|0|string|c"], "d is y's own: nobody else waits");
     assert_eq!(
         attempt(&mut c, &k, "d", "inbox:y", "leave", 5000).await.0,
         0
@@ -352,7 +352,8 @@ async fn a_lock_nobody_here_wants_goes_to_the_next_instance_at_once() {
         .expect("handed over within 2 s of the release")
         .unwrap()
         .unwrap();
-    assert_eq!(handed, Some(2));
+    // a's grant drew its tenure's block, 1-16: the hand-off's is next.
+    assert_eq!(handed, Some(17));
 }
 
 /// A sale that waits behind a sale of its own instance waits here only for the rest of the
@@ -432,8 +433,9 @@ async fn a_lock_handed_to_a_cancelled_waiter_passes_on_at_once() {
         "{:?}",
         released_at.elapsed()
     );
-    // b's hand-off drew token 2 and was released; c drew 3.
-    assert_eq!(fence, Some(3));
+    // Each grant draws its tenure's block of 16 tokens: a drew 1-16, b's hand-off 17-32 and
+    // was released; c's starts at 33.
+    assert_eq!(fence, Some(33));
 }
 
 /// An instance stopping right after a sale, before its scheduler ever runs the task that would
@@ -625,4 +627,94 @@ async fn sales_of_one_instance_holding_past_their_tenure_take_turns() {
         longest < Duration::from_millis(1500),
         "a sale waited {longest:?}"
     );
+}
+
+/// Scripts Redis has run so far (`EVALSHA` calls, from `INFO commandstats`).
+async fn scripts_run(c: &mut MultiplexedConnection) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A fenced lock handed over from the Redis queue comes with the tokens of its tenure, drawn
+/// in the same step as the hand-off: the sale the tenure passes the lock to next gets the
+/// following token without a round trip of its own, and the holder after the tenure draws
+/// above the whole block. Without tenures a grant draws exactly one token.
+#[tokio::test]
+async fn a_fenced_lock_handed_over_brings_the_tokens_of_its_tenure() {
+    let redis = RedisServer::start().await;
+    let mut c = redis.conn().await;
+    let fenced = Strategy::Redis(RedisLock::Fenced);
+    let keys = Keys::new("001");
+    for tenure in [None, Some(Duration::ZERO)] {
+        let (_, a) = locks(&redis);
+        let (_, b) = locks(&redis);
+        let (a, b) = match tenure {
+            Some(t) => (a.with_tenure(t), b.with_tenure(t)),
+            None => (a, b),
+        };
+        let b = Arc::new(b);
+        let deadline = || Instant::now() + Duration::from_secs(5);
+        let held = a
+            .acquire(fenced, &"a:1".into(), deadline(), false)
+            .await
+            .unwrap();
+        let first = held.fence().unwrap();
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move { b.acquire(fenced, &"b:1".into(), deadline(), false).await })
+        };
+        // b stands in the Redis queue before a lets go.
+        let queued = Instant::now();
+        while c.zcard::<_, u64>(&keys.queue).await.unwrap() == 0 {
+            assert!(queued.elapsed() < Duration::from_secs(5), "b never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        a.release(held).await.unwrap();
+        let handed = waiter.await.unwrap().unwrap();
+        let token = handed.fence().unwrap();
+        assert!(token > first, "{tenure:?}: {token} after {first}");
+        let counter: u64 = c.get(&keys.fence).await.unwrap();
+        let block = if tenure.is_some() { 1 } else { 16 };
+        assert_eq!(
+            counter,
+            token + block - 1,
+            "{tenure:?}: the hand-off drew {block} token(s)"
+        );
+        let before = scripts_run(&mut c).await;
+        b.release(handed).await.unwrap();
+        let next = b
+            .acquire(fenced, &"b:2".into(), deadline(), false)
+            .await
+            .unwrap();
+        if tenure.is_none() {
+            assert_eq!(next.fence(), Some(token + 1), "the block's next token");
+            assert_eq!(
+                scripts_run(&mut c).await,
+                before,
+                "a pass within the tenure ran no script"
+            );
+        } else {
+            assert!(next.fence() > Some(counter), "{:?}", next.fence());
+        }
+        b.release(next).await.unwrap();
+        // The next holder from Redis draws above everything drawn so far.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let drawn: u64 = c.get(&keys.fence).await.unwrap();
+        let after = a
+            .acquire(fenced, &"a:2".into(), deadline(), false)
+            .await
+            .unwrap();
+        assert!(after.fence() > Some(drawn.max(token + block - 1)));
+        a.release(after).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
