@@ -533,6 +533,7 @@ impl Locks {
         // each waiter in turn would hold the lock for its own timeout (`redlock-fenced`
         // draws its token there with the quorum held: 1, 2, 3... s in line).
         let outages = self.cx.store.outages();
+        let (failures, started) = (self.cx.store.failures(), Instant::now());
         let attempt = waiter.until_acquired(
             owner,
             deadline,
@@ -547,9 +548,14 @@ impl Locks {
                     None => &self.cx,
                 };
                 let outage = self.cx.store.outages() != outages;
+                let failing = self.cx.store.failures() != failures
+                    && started.elapsed() >= self.cx.store.timeout();
                 async move {
                     if outage {
                         return Err(crate::store::unanswered_while_waiting());
+                    }
+                    if failing {
+                        return Err(crate::store::failed_while_waiting());
                     }
                     match queued {
                         Some(queued) => handoff::try_acquire(cx, lock, owner, queued).await,
@@ -593,6 +599,7 @@ impl Locks {
     ) -> Result<(Option<u64>, Hold), LockError> {
         let started = Instant::now();
         let outages = self.cx.store.outages();
+        let failures = self.cx.store.failures();
         loop {
             // Every wait here ends within a few tens of milliseconds to join again: a sale
             // that sees Redis left a call unanswered meanwhile (the sale standing in the
@@ -600,6 +607,13 @@ impl Locks {
             // of each sale in line standing in the queue in turn for its own timeout.
             if self.cx.store.outages() != outages {
                 return Err(LockError::Redis(crate::store::unanswered_while_waiting()));
+            }
+            // Redis refusing: the sale in the Redis queue for this instance fails fast, and
+            // the next in line takes its place, and fails in its turn; a sale that has
+            // waited its own timeout meanwhile answers now.
+            if self.cx.store.failures() != failures && started.elapsed() >= self.cx.store.timeout()
+            {
+                return Err(LockError::Redis(crate::store::failed_while_waiting()));
             }
             let passed = match self.cohort.join(lock, started) {
                 Joined::Taken(tenure) => Some(tenure),

@@ -65,6 +65,20 @@ pub fn unanswered(e: &RedisError) -> bool {
     e.is_timeout()
 }
 
+/// Redis was not there for the call: unanswered, refused, or the connection dropped; not a
+/// reply Redis gave (a script's error, say).
+fn unreachable(e: &RedisError) -> bool {
+    e.is_timeout() || e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped()
+}
+
+/// The error of a sale that did not go on because Redis kept failing while it waited.
+pub fn failed_while_waiting() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        "redis kept failing while this sale waited for the lock",
+    ))
+}
+
 /// The error of a sale that did not go on because Redis stopped answering while it waited.
 pub fn unanswered_while_waiting() -> RedisError {
     RedisError::from(std::io::Error::new(
@@ -448,6 +462,9 @@ pub struct Store {
     /// by every item on the server: a sale that waited for a lock while one happened does not
     /// go on to wait out the same timeout itself (see [`Store::outages`]).
     outages: Arc<AtomicU64>,
+    /// Calls that failed for want of Redis in any way (unanswered, refused, dropped), shared
+    /// like `outages` (see [`Store::failures`]).
+    failures: Arc<AtomicU64>,
 }
 
 /// Ledger entries kept unless configured otherwise: enough to read the story of a load
@@ -672,6 +689,7 @@ impl Store {
             replication: Replication::default(),
             acked: None,
             outages: Arc::default(),
+            failures: Arc::default(),
         }
     }
 
@@ -914,8 +932,27 @@ impl Store {
             if unanswered(e) {
                 self.outages.fetch_add(1, Ordering::Relaxed);
             }
+            if unreachable(e) {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+            }
         }
         result
+    }
+
+    /// How many calls have failed so far for want of Redis, refused or dropped connections
+    /// included. Unlike [`Store::outages`], a refusal costs its call little, so a sale in
+    /// line does not stop at the first one; it stops once it has waited its own timeout with
+    /// this count moved: with Redis stopped, the sales queued in an instance otherwise went
+    /// to Redis one after the other, each failing in turn (32 sales: the last answered after
+    /// 4.7 s). On a cluster it never moves, as `outages`; nor under Sentinel, where a refusal
+    /// is most often a failover under way, after which the sale in line sells: waiting there
+    /// is what keeps a failover to about one refusal per buyer (stopping at the timeout gave
+    /// 106 errors at 16 connections where waiting gives about 30).
+    pub fn failures(&self) -> u64 {
+        if self.cluster.is_some() || self.server.follows_sentinels() {
+            return 0;
+        }
+        self.failures.load(Ordering::Relaxed)
     }
 
     /// How many calls Redis has left unanswered so far: a sale reads it before it waits for

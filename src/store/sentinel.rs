@@ -163,6 +163,13 @@ pub(super) struct Server {
     pool: Mutex<PoolSettings>,
 }
 
+impl Server {
+    /// Whether the master is found through sentinels, and so may move.
+    pub(super) fn follows_sentinels(&self) -> bool {
+        self.lookup.is_some()
+    }
+}
+
 struct Lookup {
     client: tokio::sync::Mutex<SentinelClient>,
     running: AtomicBool,

@@ -170,6 +170,66 @@ async fn a_frozen_redis_costs_every_sale_in_line_about_the_timeout_not_one_timeo
     }
 }
 
+/// Sales in line for the lock while Redis is stopped (connections refused, not left
+/// unanswered): each answers 503 within about the timeout, however many stand in line.
+/// Before, the sale standing in the Redis queue for its instance failed fast, the next took
+/// its place and failed in its turn, and so on: 24 sales answered one after the other,
+/// about 0.15 s apart. Contended first, so that the sales wait in line in the instance.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_redis_answers_every_sale_in_line_within_about_the_timeout() {
+    const IN_LINE: usize = 24;
+    let mut redis = RedisServer::start_durable().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .start()
+        .await;
+    for strategy in [
+        "fenced",
+        "lua-release",
+        "watchdog",
+        "reentrant",
+        "setnx-ttl",
+    ] {
+        app.reset(1000).await;
+        let query = format!("strategy={strategy}");
+        let warm = futures_util::future::join_all((0..16).map(|_| app.sale(&query))).await;
+        assert!(warm.iter().all(|r| r.status == 200), "{strategy}: {warm:?}");
+        redis.stop().await;
+        let sales = futures_util::future::join_all((0..IN_LINE).map(|_| app.sale(&query))).await;
+        let bound = Duration::from_millis(2 * REDIS_TIMEOUT_MS + 500);
+        let took: Vec<Duration> = sales.iter().map(|s| s.elapsed).collect();
+        for sale in &sales {
+            assert_eq!(
+                (sale.status, sale.error_code()),
+                (503, "redis_unavailable"),
+                "{strategy}: {sale:?}"
+            );
+            assert!(
+                sale.elapsed < bound,
+                "{strategy}: a sale in line took {:?}, beyond {bound:?}: {took:?}",
+                sale.elapsed
+            );
+        }
+        redis.restart().await;
+        // Back by itself, and nothing the refused sales left behind holds the lock.
+        let back = Instant::now();
+        loop {
+            let next = app.sale(&query).await;
+            if next.status == 200 {
+                break;
+            }
+            assert!(
+                back.elapsed() < Duration::from_secs(5),
+                "{strategy}: no sale after Redis came back: {next:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let audit = app.audit().await;
+        assert_eq!(audit["sales"], 17, "{strategy}: {audit}");
+        assert_eq!(audit["clean"], true, "{strategy}: {audit}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lock_held_by_a_killed_instance_expires_within_its_ttl() {
     const TTL_MS: u64 = 1_000;
