@@ -3,7 +3,11 @@
 -- still runs inside the release's own atomic step.
 -- Hands the free lock to the first queued waiter whose entry is still valid (see
 -- lock_queued.lua); false when there is none. Expired entries (a waiter that died or
--- stopped refreshing) are dropped on the way.
+-- stopped refreshing) are dropped on the way. The lock is written with a lease of at most
+-- HANDED_LEASE_MS: a waiter that died within its entry's validity then holds it up that
+-- long, not a whole lease; the live one extends it to its lease as soon as it hears of it
+-- (src/lock/handoff.rs, HANDED_LEASE).
+local HANDED_LEASE_MS = 1000
 local function hand_off(lock, fence, queue, entries, inboxes)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -24,8 +28,9 @@ local function hand_off(lock, fence, queue, entries, inboxes)
       end
       if deadline and tonumber(deadline) > now then
         local token, last = 0, 0
+        local handed = math.min(tonumber(lease), HANDED_LEASE_MS)
         if shape == 'string' then
-          redis.call('SET', lock, who, 'PX', lease)
+          redis.call('SET', lock, who, 'PX', handed)
         else
           if shape == 'fenced' then
             if tonumber(redis.call('GET', fence) or '0') < tonumber(newest) then
@@ -36,7 +41,7 @@ local function hand_off(lock, fence, queue, entries, inboxes)
             token = last - math.max(1, tonumber(block)) + 1
           end
           redis.call('HSET', lock, who, 1)
-          redis.call('PEXPIRE', lock, lease)
+          redis.call('PEXPIRE', lock, handed)
         end
         -- How many other instances still wait: the new holder's tenure is shared with them
         -- (its own instance's waiters are served within the tenure).

@@ -69,11 +69,13 @@ if phase == 'forget' then
   return {0, 0}
 end
 
--- Queued before, and the entry is gone while the lock is ours: a release handed it over.
+-- Queued before, and the entry is gone while the lock is ours: a release handed it over,
+-- with a short lease (hand_off.lua), which this holder now extends to its own.
 -- The inbox message is then redundant: take it back so that nobody acts on it, and take
 -- the tokens it carries. Without it (the instance has popped it already) the newest token
 -- is this holder's: only a holder draws, and the lock is ours.
 if phase ~= 'try' and mine and not queued then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
   local tail = '|' .. shape .. '|' .. owner
   for _, message in ipairs(redis.call('LRANGE', KEYS[5], 0, -1)) do
     local head = #message > #tail and string.sub(message, -#tail) == tail

@@ -454,7 +454,7 @@ impl Seller {
             return Err(SaleError::SoldOut);
         }
         work(read_at, attempt.request.work).await;
-        if guard.is_lost() {
+        if !guard.lease_confirmed().await || guard.is_lost() {
             return Err(SaleError::LockLost);
         }
         let entry = attempt.entry(&self.instance);

@@ -104,6 +104,9 @@ pub(super) struct Tenure {
     pub tokens: Option<(u64, u64)>,
     /// The next holder's read, sent behind the last holder's write.
     pub prefetched: Option<Prefetched>,
+    /// The extension of the short lease of a lock a release handed over; every sale of the
+    /// tenure writes only once it said yes.
+    pub handed: Option<Arc<super::handoff::HandedLease>>,
 }
 
 /// A stock read done for the next sale of a tenure, by the sale before it: sent on the same
@@ -121,6 +124,7 @@ impl Tenure {
         self.acquired.elapsed() < self.quantum
             && self.since.elapsed() < self.lease / 2
             && !self.renewal.as_ref().is_some_and(Renewal::is_lost)
+            && !self.handed.as_ref().is_some_and(|h| h.is_lost())
     }
 
     /// The token the next pass gives out, if one is drawn ahead.
@@ -460,6 +464,7 @@ mod tests {
             renewal: None,
             tokens: None,
             prefetched: None,
+            handed: None,
         }
     }
 

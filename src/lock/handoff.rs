@@ -7,12 +7,74 @@
 //! owns the lock and skips the acquire round trip. How the waiting itself works (entry
 //! refreshes, the inbox, a waiter that gives up) is in [`super::wait`].
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use redis::RedisResult;
+use tokio::sync::watch;
 
 use super::{Attempt, LockCx, RedisLock};
 use crate::store::{Keys, scripts};
+
+/// The longest lease a release writes when it hands the lock to a waiter
+/// (`HANDED_LEASE_MS` in `lua/hand_off.lua`). A waiter whose entry was still valid may have
+/// died since its last refresh (its instance killed): it then holds the item up this long,
+/// not a whole lease (5 s by default), since nobody will release or extend what was handed
+/// to it. The live waiter's instance extends the lease as soon as the hand-off reaches it.
+pub(crate) const HANDED_LEASE: Duration = Duration::from_millis(1000);
+
+/// The extension of a lock handed over with [`HANDED_LEASE`], started as soon as the hand-off
+/// is heard of, beside the sale's first steps; the sale writes only once it said yes
+/// ([`HandedLease::confirmed`]), so that a waiter that heard of its hand-off too late (its
+/// process paused past the short lease, while someone else took the lock) never writes.
+pub(crate) struct HandedLease(watch::Receiver<Option<bool>>);
+
+impl HandedLease {
+    /// Extends `owner`'s handed lock to the full lease, in a task of its own. Nothing to do
+    /// when the lease is no longer than the handed one.
+    pub(crate) fn start(cx: &LockCx, lock: RedisLock, owner: &Arc<str>) -> Option<Arc<Self>> {
+        let shape = shape(lock)?;
+        if cx.ttl <= HANDED_LEASE {
+            return None;
+        }
+        let (tx, rx) = watch::channel(None);
+        let (store, owner) = (cx.store.clone(), owner.clone());
+        let ttl_ms = super::reentrant::millis(cx.ttl);
+        tokio::spawn(async move {
+            let extend = if shape == "string" {
+                scripts::extend_owned(&store.keys.lock, &owner, ttl_ms)
+            } else {
+                scripts::renew(&store.keys.lock, &owner, ttl_ms)
+            };
+            let extend = &extend;
+            let extended: RedisResult<i64> = store
+                .call(|mut c| async move { extend.invoke_async(&mut c).await })
+                .await;
+            let held = matches!(extended, Ok(1));
+            if !held {
+                store.metrics().lock_lost();
+                tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, reason = "a handed-over lock could not be extended", error = extended.err().map(|e| e.to_string()), "lock lost");
+            }
+            let _ = tx.send(Some(held));
+        });
+        Some(Arc::new(Self(rx)))
+    }
+
+    /// True once the extension failed: the short lease may have run out.
+    pub(crate) fn is_lost(&self) -> bool {
+        *self.0.borrow() == Some(false)
+    }
+
+    /// Whether the lease was extended; waits for the answer (one bounded call).
+    pub(crate) async fn confirmed(&self) -> bool {
+        let mut answer = self.0.clone();
+        matches!(
+            answer.wait_for(Option::is_some).await.as_deref(),
+            Ok(Some(true))
+        )
+    }
+}
 
 /// Where one instance's hand-offs arrive; unique per `Locks`.
 pub(crate) fn inbox_key(keys: &Keys) -> String {

@@ -113,6 +113,9 @@ pub struct Grant {
     /// The last of a block of tokens drawn with `fence` in the same step, for the sales the
     /// lock passes to within its tenure: their first pass then needs no round trip to draw.
     pub fence_to: Option<u64>,
+    /// Handed over by a release, with its short lease ([`handoff::HANDED_LEASE`]), and heard
+    /// of from the inbox: the lease is still to be extended.
+    pub handed: bool,
 }
 
 impl Grant {
@@ -286,6 +289,8 @@ pub struct Guard {
     /// The stock read that the sale before this one in the tenure sent behind its write,
     /// for this sale (see [`Locks::next_read`]).
     prefetched: Option<StockRead>,
+    /// For a lock handed over and held outside a tenure: the extension of its short lease.
+    handed: Option<Arc<handoff::HandedLease>>,
 }
 
 enum Hold {
@@ -306,12 +311,31 @@ impl Guard {
         self.waited
     }
 
-    /// True once the renewal found the lock gone. Strategies without renewal never know.
+    /// True once the renewal found the lock gone, or the short lease of a lock handed over
+    /// could not be extended. Strategies without renewal know nothing else.
     pub fn is_lost(&self) -> bool {
+        let renewal = match &self.hold {
+            Hold::Redis(_, renewal) => renewal.as_ref(),
+            Hold::Cohort(tenure) => tenure.renewal.as_ref(),
+            Hold::Nothing | Hold::Local(_) => None,
+        };
+        renewal.is_some_and(Renewal::is_lost) || self.handed().is_some_and(|h| h.is_lost())
+    }
+
+    fn handed(&self) -> Option<&handoff::HandedLease> {
         match &self.hold {
-            Hold::Redis(_, renewal) => renewal.as_ref().is_some_and(Renewal::is_lost),
-            Hold::Cohort(tenure) => tenure.renewal.as_ref().is_some_and(Renewal::is_lost),
-            Hold::Nothing | Hold::Local(_) => false,
+            Hold::Cohort(tenure) => tenure.handed.as_deref(),
+            _ => self.handed.as_deref(),
+        }
+    }
+
+    /// False when the lock was handed over with a short lease that could not be extended:
+    /// the sale must not write. Waits for the extension's answer, which has usually come
+    /// by the time a sale has read.
+    pub async fn lease_confirmed(&self) -> bool {
+        match self.handed() {
+            Some(handed) => handed.confirmed().await,
+            None => true,
         }
     }
 
@@ -446,6 +470,7 @@ impl Locks {
         nested: bool,
     ) -> Result<Guard, LockError> {
         let started = Instant::now();
+        let mut handed = None;
         let (fence, mut hold) = match strategy {
             Strategy::None | Strategy::Atomic | Strategy::Optimistic => (None, Hold::Nothing),
             Strategy::Local => {
@@ -462,16 +487,17 @@ impl Locks {
             }
             Strategy::Redis(lock) => {
                 let never = std::future::pending::<std::convert::Infallible>();
-                let fence = match self
+                let grant = match self
                     .acquire_redis(lock, owner, deadline, nested, never)
                     .await?
                 {
-                    Acquired::Granted(grant) => grant.fence,
+                    Acquired::Granted(grant) => grant,
                     Acquired::Passed(never) => match never {},
                 };
+                handed = self.handed_lease(lock, owner, &grant);
                 let renewal = (lock.info().renews && !nested)
                     .then(|| Renewal::start(self.cx.clone(), lock, owner.clone()));
-                (fence, Hold::Redis(lock, renewal))
+                (grant.fence, Hold::Redis(lock, renewal))
             }
         };
         // A read sent for this sale is this sale's alone: never left in the tenure for the
@@ -495,7 +521,21 @@ impl Locks {
             hold,
             nested,
             prefetched,
+            handed,
         })
+    }
+
+    /// The extension of a lock's short lease, when a release handed it over.
+    fn handed_lease(
+        &self,
+        lock: RedisLock,
+        owner: &Arc<str>,
+        grant: &Grant,
+    ) -> Option<Arc<handoff::HandedLease>> {
+        grant
+            .handed
+            .then(|| handoff::HandedLease::start(&self.cx, lock, owner))
+            .flatten()
     }
 
     /// Whether a lock of `lock` is passed between this instance's sales ([`cohort`]): the
@@ -696,6 +736,7 @@ impl Locks {
                 renewal,
                 tokens: grant.spare_fences(),
                 prefetched: None,
+                handed: self.handed_lease(lock, owner, &grant),
             };
             return Ok((grant.fence, Hold::Cohort(tenure)));
         }

@@ -269,6 +269,7 @@ impl Waiter {
                         fence,
                         behind,
                         fence_to,
+                        handed: false,
                     }));
                 }
                 Attempt::Busy { retry_in } => retry_in,
@@ -294,6 +295,7 @@ impl Waiter {
                     fence: handed.as_ref().and_then(Handed::fence),
                     behind: handed.as_ref().map(|h| h.behind),
                     fence_to: handed.as_ref().and_then(Handed::fence_to),
+                    handed: true,
                 }));
             }
             phase = Phase::Wait;
@@ -358,6 +360,7 @@ impl Waiter {
                     fence,
                     behind,
                     fence_to,
+                    handed: false,
                 }));
             }
             Attempt::Busy { retry_in } => retry_in,

@@ -514,12 +514,18 @@ async fn an_instances_sales_stand_once_in_the_redis_queue_and_all_get_the_lock()
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let mut c = redis::Client::open(redis.url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
+    // However slow the machine: the first to stand there, then time for any other to join.
+    let started = Instant::now();
+    while c.zcard::<_, u64>(&store.keys.queue).await.unwrap() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(5), "nobody queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let standing: u64 = c.zcard(&store.keys.queue).await.unwrap();
     assert_eq!(standing, 1, "one sale of the instance in the Redis queue");
     let attempts_before = queued.attempts();
@@ -689,6 +695,8 @@ async fn a_fenced_lock_handed_over_brings_the_tokens_of_its_tenure() {
             token + block - 1,
             "{tenure:?}: the hand-off drew {block} token(s)"
         );
+        // The extension of the hand-off's short lease is the one script of its own.
+        assert!(handed.lease_confirmed().await);
         let before = scripts_run(&mut c).await;
         b.release(handed).await.unwrap();
         let next = b
@@ -715,6 +723,87 @@ async fn a_fenced_lock_handed_over_brings_the_tokens_of_its_tenure() {
             .unwrap();
         assert!(after.fence() > Some(drawn.max(token + block - 1)));
         a.release(after).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A release hands the lock over with a short lease (1 s here against a 30 s lease): a
+/// waiter that died after its last refresh, while its entry was still valid, holds the item
+/// up for that second, not a whole lease. A live waiter's own next attempt finds it holds
+/// the lock and extends the lease to its own in the same step.
+#[tokio::test]
+async fn a_lock_handed_over_has_a_short_lease_until_its_waiter_takes_it() {
+    let redis = RedisServer::start().await;
+    let mut c = redis.conn().await;
+    let k = Keys::new("001");
+    assert_eq!(attempt(&mut c, &k, "a", "inbox:a", "try", 5000).await.0, 1);
+    // b queues with an entry valid for 5 s and never refreshes it: as if its instance died.
+    assert_eq!(attempt(&mut c, &k, "b", "inbox:b", "try", 5000).await.0, 0);
+    assert_eq!(release(&mut c, &k, "a").await, 1);
+    let holder: Option<String> = c.get(&k.lock).await.unwrap();
+    assert_eq!(holder.as_deref(), Some("b"), "handed to b");
+    let pttl: i64 = c.pttl(&k.lock).await.unwrap();
+    assert!(
+        (1..=1000).contains(&pttl),
+        "a handed lock's lease is at most 1 s, not the 30 s lease: {pttl}"
+    );
+    // Nobody extends it: it is free again within that second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(!c.exists::<_, bool>(&k.lock).await.unwrap());
+
+    // A live waiter taking its hand-off extends it to its own lease.
+    assert_eq!(attempt(&mut c, &k, "c", "inbox:c", "try", 5000).await.0, 1);
+    assert_eq!(attempt(&mut c, &k, "d", "inbox:d", "try", 5000).await.0, 0);
+    assert_eq!(release(&mut c, &k, "c").await, 1);
+    assert!(c.pttl::<_, i64>(&k.lock).await.unwrap() <= 1000);
+    assert_eq!(
+        attempt(&mut c, &k, "d", "inbox:d", "wait", 5000).await,
+        (1, 0)
+    );
+    let pttl: i64 = c.pttl(&k.lock).await.unwrap();
+    assert!(pttl > 20_000, "extended to the lease: {pttl}");
+}
+
+/// The instance that hears of a hand-off from its inbox extends the short lease at once,
+/// and a sale learns that before it writes: held, here. Every shape of lock handed over.
+#[tokio::test]
+async fn a_waiter_woken_by_a_hand_off_extends_its_short_lease() {
+    let redis = RedisServer::start().await;
+    let mut c = redis.conn().await;
+    let keys = Keys::new("001");
+    for lock in [
+        RedisLock::LuaRelease,
+        RedisLock::Reentrant,
+        RedisLock::Fenced,
+    ] {
+        let strategy = Strategy::Redis(lock);
+        let (_, a) = locks(&redis);
+        let (_, b) = locks(&redis);
+        let b = Arc::new(b);
+        let deadline = || Instant::now() + Duration::from_secs(5);
+        let held = a
+            .acquire(strategy, &"a:1".into(), deadline(), false)
+            .await
+            .unwrap();
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move { b.acquire(strategy, &"b:1".into(), deadline(), false).await })
+        };
+        let queued = Instant::now();
+        while c.zcard::<_, u64>(&keys.queue).await.unwrap() == 0 {
+            assert!(queued.elapsed() < Duration::from_secs(5), "b never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        a.release(held).await.unwrap();
+        let handed = waiter.await.unwrap().unwrap();
+        assert!(handed.lease_confirmed().await, "{lock:?}: extended");
+        assert!(!handed.is_lost(), "{lock:?}");
+        let pttl: i64 = c.pttl(&keys.lock).await.unwrap();
+        assert!(
+            pttl > 20_000,
+            "{lock:?}: the lease is the holder's own: {pttl}"
+        );
+        b.release(handed).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -230,6 +230,92 @@ async fn a_stopped_redis_answers_every_sale_in_line_within_about_the_timeout() {
     }
 }
 
+/// An instance killed while one of its sales stands in the Redis queue, holding nothing:
+/// the next release hands the lock to that dead waiter (its entry was refreshed within the
+/// last second), with a short lease that nobody extends, so the sales behind it wait about
+/// a second more, not a whole lease (8 s here; 9.3 s for the sale behind before).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiter_killed_while_queued_holds_the_lock_up_about_a_second_not_a_lease() {
+    const TTL_MS: u64 = 8_000;
+    let cluster = Cluster::start(2, |b| b.env("LOCK_TTL_MS", TTL_MS)).await;
+    let (app1, app2) = (&cluster.instances[0], &cluster.instances[1]);
+    app1.reset(100).await;
+    let started = Instant::now();
+    let (holder, behind) = tokio::join!(app1.sale("strategy=fenced&work_ms=1500"), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Sent by hand: it dies with its instance.
+        let url = app2.url("/inventory/sale?strategy=fenced");
+        let doomed = tokio::spawn(async move { reqwest::Client::new().post(url).send().await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (behind, _) = tokio::join!(app1.sale("strategy=fenced"), async {
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            app2.signal("KILL").await;
+        });
+        assert!(
+            doomed.await.unwrap().is_err(),
+            "the queued sale died with app2"
+        );
+        behind
+    });
+    assert_eq!(holder.status, 200, "{holder:?}");
+    assert_eq!(behind.status, 200, "{behind:?}");
+    // The holder's 1.5 s, the dead waiter's short lease (1 s), and a look after the queue
+    // stalled (250 ms), with room for a slow machine; far below the 8 s lease.
+    let bound = Duration::from_millis(4_000);
+    let at = started.elapsed();
+    assert!(
+        at < bound,
+        "the sale behind the dead waiter answered after {at:?}"
+    );
+    let audit = app1.audit().await;
+    assert_eq!(audit["sales"], 2, "{audit}");
+    assert_eq!(audit["clean"], true, "{audit}");
+}
+
+/// The other side of the short lease of a hand-off: a waiter whose instance was paused past
+/// it (SIGSTOP) while the lock moved on never writes beside the next holder. Its instance
+/// wakes while app1's next sale holds the lock: the extension of the hand-off finds the lock
+/// someone else's and the sale is refused (nothing written), or its own next attempt finds
+/// it held and waits its turn. `lua-release`, which has no fencing token to catch a write
+/// under a lost lock: an overlap would sell one stock value twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiter_paused_past_its_hand_offs_short_lease_never_writes_beside_the_next_holder() {
+    let cluster = Cluster::start(2, |b| b.env("LOCK_TTL_MS", 8_000)).await;
+    let (app1, app2) = (&cluster.instances[0], &cluster.instances[1]);
+    app1.reset(100).await;
+    let (holder, (paused, behind)) =
+        tokio::join!(app1.sale("strategy=lua-release&work_ms=1000"), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::join!(app2.sale("strategy=lua-release"), async {
+                // app2's sale stands in the Redis queue; its instance stops before the
+                // holder lets go, and wakes after the handed lease ran out, while app1's
+                // next sale holds the lock.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                app2.signal("STOP").await;
+                tokio::time::sleep(Duration::from_millis(900)).await;
+                let (behind, _) =
+                    tokio::join!(app1.sale("strategy=lua-release&work_ms=1500"), async {
+                        tokio::time::sleep(Duration::from_millis(1400)).await;
+                        app2.signal("CONT").await;
+                    });
+                behind
+            })
+        });
+    assert_eq!(holder.status, 200, "{holder:?}");
+    assert_eq!(behind.status, 200, "{behind:?}");
+    assert!(
+        [200, 409].contains(&paused.status),
+        "the paused waiter: {paused:?}"
+    );
+    let sold = [&holder, &paused, &behind]
+        .iter()
+        .filter(|r| r.status == 200)
+        .count();
+    let audit = app1.audit().await;
+    assert_eq!(audit["sales"], sold, "{audit}");
+    assert_eq!(audit["clean"], true, "two holders at once: {audit}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lock_held_by_a_killed_instance_expires_within_its_ttl() {
     const TTL_MS: u64 = 1_000;
