@@ -412,7 +412,13 @@ impl Seller {
         } else {
             self.read_work_write(item, &mut guard, attempt).await
         };
-        self.release(item, guard).await;
+        if item.store().outages() != outages {
+            // Redis left a call of this sale unanswered: its release would most likely wait
+            // out one more timeout before the sale could answer.
+            locks.release_detached(guard);
+        } else {
+            self.release(item, guard).await;
+        }
         outcome
     }
 

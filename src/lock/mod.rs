@@ -856,6 +856,35 @@ impl Locks {
             .await
     }
 
+    /// Releases without waiting for Redis: for a sale that Redis has just left a call
+    /// unanswered, which would otherwise wait out one more timeout in its release before it
+    /// answers (a frozen Redis cost such a sale twice the timeout). The release still goes
+    /// out, and an owner-checked one is sent again until Redis answers; a tenure goes on to
+    /// a sale waiting here or ends as any other.
+    pub fn release_detached(&self, guard: Guard) {
+        let Guard {
+            strategy,
+            owner,
+            hold,
+            nested,
+            ..
+        } = guard;
+        match hold {
+            Hold::Nothing | Hold::Local(_) => {}
+            Hold::Cohort(tenure) => self.hand_back(tenure),
+            Hold::Redis(lock, renewal) => {
+                drop(renewal);
+                let cx = self.cx.clone();
+                let retry = !nested && strategy.info().release_checks_owner;
+                tokio::spawn(async move {
+                    if release_redis(&cx, lock, &owner).await.is_err() && retry {
+                        retry_release(cx, lock, owner.to_string(), Duration::from_millis(50));
+                    }
+                });
+            }
+        }
+    }
+
     /// Releases the lock. Consuming the guard makes a second release impossible; the scripts
     /// that check the owner make a late one harmless.
     pub async fn release(&self, guard: Guard) -> RedisResult<Released> {

@@ -230,6 +230,52 @@ async fn a_stopped_redis_answers_every_sale_in_line_within_about_the_timeout() {
     }
 }
 
+/// Redis freezing during a locked sale's work: its write goes unanswered (504, it may have
+/// sold), and the sale answers after that one timeout, not after a second one spent on its
+/// release, which goes out without being waited for. Once Redis thaws, the lock is free
+/// again at once (the release lands), not after its lease.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sale_whose_write_redis_left_unanswered_answers_without_waiting_out_its_release() {
+    const TIMEOUT_MS: u64 = 800;
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", TIMEOUT_MS)
+        .env("LOCK_TTL_MS", 30_000)
+        .start()
+        .await;
+    for strategy in [
+        "lua-release",
+        "reentrant",
+        "watchdog",
+        "fenced",
+        "setnx-ttl",
+    ] {
+        app.reset(10).await;
+        let query = format!("strategy={strategy}&work_ms=300");
+        let (sale, _) = tokio::join!(app.sale(&query), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            redis.signal("STOP").await;
+        });
+        redis.signal("CONT").await;
+        assert!(matches!(sale.status, 503 | 504), "{strategy}: {sale:?}");
+        let bound = Duration::from_millis(300 + TIMEOUT_MS + 500);
+        assert!(
+            sale.elapsed < bound,
+            "{strategy}: answered after {:?}, beyond {bound:?}",
+            sale.elapsed
+        );
+        // The release lands once Redis answers: the next sale does not wait out a lease.
+        let next = app.sale(&format!("strategy={strategy}")).await;
+        assert_eq!(next.status, 200, "{strategy}: {next:?}");
+        assert!(
+            next.elapsed < Duration::from_secs(3),
+            "{strategy}: {next:?}"
+        );
+        let audit = app.audit().await;
+        assert_eq!(audit["clean"], true, "{strategy}: {audit}");
+    }
+}
+
 /// An instance killed while one of its sales stands in the Redis queue, holding nothing:
 /// the next release hands the lock to that dead waiter (its entry was refreshed within the
 /// last second), with a short lease that nobody extends, so the sales behind it wait about
