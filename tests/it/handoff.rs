@@ -650,6 +650,33 @@ async fn scripts_run(c: &mut MultiplexedConnection) -> u64 {
         .unwrap_or(0)
 }
 
+/// `a` takes the lock as "a:1", `b` queues for it in Redis as "b:1", and `a` lets go: the
+/// guard `b` was handed, and the token `a` held.
+async fn hand_over(
+    c: &mut MultiplexedConnection,
+    keys: &Keys,
+    strategy: Strategy,
+    a: &Locks,
+    b: Arc<Locks>,
+) -> (inventory::lock::Guard, Option<u64>) {
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    let held = a
+        .acquire(strategy, &"a:1".into(), deadline(), false)
+        .await
+        .unwrap();
+    let first = held.fence();
+    let waiter =
+        tokio::spawn(async move { b.acquire(strategy, &"b:1".into(), deadline(), false).await });
+    // b stands in the Redis queue before a lets go.
+    let queued = Instant::now();
+    while c.zcard::<_, u64>(&keys.queue).await.unwrap() == 0 {
+        assert!(queued.elapsed() < Duration::from_secs(5), "b never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    a.release(held).await.unwrap();
+    (waiter.await.unwrap().unwrap(), first)
+}
+
 /// A fenced lock handed over from the Redis queue comes with the tokens of its tenure, drawn
 /// in the same step as the hand-off: the sale the tenure passes the lock to next gets the
 /// following token without a round trip of its own, and the holder after the tenure draws
@@ -669,23 +696,8 @@ async fn a_fenced_lock_handed_over_brings_the_tokens_of_its_tenure() {
         };
         let b = Arc::new(b);
         let deadline = || Instant::now() + Duration::from_secs(5);
-        let held = a
-            .acquire(fenced, &"a:1".into(), deadline(), false)
-            .await
-            .unwrap();
-        let first = held.fence().unwrap();
-        let waiter = {
-            let b = b.clone();
-            tokio::spawn(async move { b.acquire(fenced, &"b:1".into(), deadline(), false).await })
-        };
-        // b stands in the Redis queue before a lets go.
-        let queued = Instant::now();
-        while c.zcard::<_, u64>(&keys.queue).await.unwrap() == 0 {
-            assert!(queued.elapsed() < Duration::from_secs(5), "b never queued");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        a.release(held).await.unwrap();
-        let handed = waiter.await.unwrap().unwrap();
+        let (handed, first) = hand_over(&mut c, &keys, fenced, &a, b.clone()).await;
+        let first = first.unwrap();
         let token = handed.fence().unwrap();
         assert!(token > first, "{tenure:?}: {token} after {first}");
         let counter: u64 = c.get(&keys.fence).await.unwrap();
@@ -780,22 +792,7 @@ async fn a_waiter_woken_by_a_hand_off_extends_its_short_lease() {
         let (_, a) = locks(&redis);
         let (_, b) = locks(&redis);
         let b = Arc::new(b);
-        let deadline = || Instant::now() + Duration::from_secs(5);
-        let held = a
-            .acquire(strategy, &"a:1".into(), deadline(), false)
-            .await
-            .unwrap();
-        let waiter = {
-            let b = b.clone();
-            tokio::spawn(async move { b.acquire(strategy, &"b:1".into(), deadline(), false).await })
-        };
-        let queued = Instant::now();
-        while c.zcard::<_, u64>(&keys.queue).await.unwrap() == 0 {
-            assert!(queued.elapsed() < Duration::from_secs(5), "b never queued");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        a.release(held).await.unwrap();
-        let handed = waiter.await.unwrap().unwrap();
+        let (handed, _) = hand_over(&mut c, &keys, strategy, &a, b.clone()).await;
         assert!(handed.lease_confirmed().await, "{lock:?}: extended");
         assert!(!handed.is_lost(), "{lock:?}");
         let pttl: i64 = c.pttl(&keys.lock).await.unwrap();
