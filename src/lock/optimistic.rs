@@ -103,10 +103,22 @@ fn backoff(conflicts: u32) -> Duration {
 static SCRIPT_LOADED: AtomicBool = AtomicBool::new(false);
 
 async fn attempt(store: &Store, entry: &Entry<'_>, work: Duration) -> Result<Attempt, Failure> {
-    let mut conn = store.pooled().await.map_err(Failure::Redis)?;
+    // The checkout, the script's load and the WATCH with its read share one timeout: the
+    // checkout pings a pooled connection (or opens one), and a frozen Redis leaves that
+    // unanswered as it would the WATCH, so bounding each apart cost two timeouts or three.
+    let read_by = Instant::now() + store.timeout();
+    let mut conn = match tokio::time::timeout_at(read_by, store.pooled()).await {
+        // The checkout counted its own errors.
+        Ok(conn) => conn.map_err(Failure::Redis)?,
+        Err(_) => {
+            let e = unanswered();
+            store.metrics().redis_error();
+            return Err(Failure::Redis(e));
+        }
+    };
     let sell_probe = store.optimistic_sell(entry, 0);
     if !SCRIPT_LOADED.load(Ordering::Relaxed) {
-        match bounded(store, sell_probe.load_async(&mut *conn)).await {
+        match bounded_until(store, read_by, sell_probe.load_async(&mut *conn)).await {
             Ok(_) => SCRIPT_LOADED.store(true, Ordering::Relaxed),
             Err(e) => {
                 discard(conn);
@@ -127,7 +139,13 @@ async fn attempt(store: &Store, entry: &Entry<'_>, work: Duration) -> Result<Att
     // One round trip: WATCH, then the read it guards.
     let mut read = redis::pipe();
     read.cmd("WATCH").arg(&watched).ignore().get(&keys.stock);
-    let stock = match bounded(store, read.query_async::<(Option<i64>,)>(&mut *conn)).await {
+    let stock = match bounded_until(
+        store,
+        read_by,
+        read.query_async::<(Option<i64>,)>(&mut *conn),
+    )
+    .await
+    {
         Ok((stock,)) => stock,
         Err(e) => {
             // Its WATCH may be active, or its reply still on the way: never pooled again.
@@ -201,12 +219,17 @@ async fn bounded<T>(
     store: &Store,
     exchange: impl std::future::Future<Output = RedisResult<T>>,
 ) -> RedisResult<T> {
-    let result = match tokio::time::timeout(store.timeout(), exchange).await {
+    bounded_until(store, Instant::now() + store.timeout(), exchange).await
+}
+
+async fn bounded_until<T>(
+    store: &Store,
+    until: Instant,
+    exchange: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    let result = match tokio::time::timeout_at(until, exchange).await {
         Ok(result) => result,
-        Err(_) => Err(RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "redis did not answer in time",
-        ))),
+        Err(_) => Err(unanswered()),
     };
     let result = result.map_err(slot_moving);
     if let Err(e) = &result {
@@ -215,6 +238,13 @@ async fn bounded<T>(
         store.after_error(e);
     }
     result
+}
+
+fn unanswered() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "redis did not answer in time",
+    ))
 }
 
 /// On a cluster, an `EXEC` whose queued command met the item's slot in migration (`ASK`,

@@ -111,6 +111,49 @@ async fn a_frozen_redis_costs_a_sale_the_timeout_and_leaves_no_lock_behind() {
     assert_eq!(audit["lost_updates"], 0, "{audit}");
 }
 
+/// Every strategy, one sale at a time against a frozen Redis, each after a sale that left
+/// its connections warm (a pooled one included, whose checkout pings it first): each
+/// answers within about one timeout. `optimistic` answered after two (the checkout's ping
+/// waited out one, then its WATCH another).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_redis_costs_a_sale_of_any_strategy_about_one_timeout() {
+    let redis = RedisServer::start().await;
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(RedisServer::start().await);
+    }
+    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .env("LOCK_NODES", list.join(","))
+        .start()
+        .await;
+    for strategy in inventory::strategy::Strategy::ALL {
+        let query = format!("strategy={}", strategy.name());
+        app.reset(10).await;
+        let warm = app.sale(&query).await;
+        assert_eq!(warm.status, 200, "{query}: {warm:?}");
+        redis.signal("STOP").await;
+        let sale = app.sale(&query).await;
+        redis.signal("CONT").await;
+        assert!(
+            matches!(sale.status, 503 | 504),
+            "{query}: answered {} with Redis frozen: {sale:?}",
+            sale.status
+        );
+        assert!(
+            sale.elapsed < Duration::from_millis(REDIS_TIMEOUT_MS + 400),
+            "{query}: {:?} with a {REDIS_TIMEOUT_MS} ms timeout: {sale:?}",
+            sale.elapsed
+        );
+        let next = within(Duration::from_secs(3), || async {
+            app.sale(&query).await.status == 200
+        })
+        .await;
+        assert!(next.is_some(), "{query}: no sale after the thaw");
+    }
+}
+
 /// Sales in line for the lock while Redis is frozen: each answers about the timeout, not
 /// one timeout per sale ahead of it. Before, every sale in line got the lock in turn and
 /// waited out its own call (12 sales: up to 12 timeouts), and a sale at the end of the line
