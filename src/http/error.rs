@@ -149,7 +149,10 @@ fn unavailable(e: &RedisError) -> bool {
                 | ServerErrorKind::Ask
                 | ServerErrorKind::ReadOnly
         ),
-        ErrorKind::Parse | ErrorKind::UnexpectedReturnType | ErrorKind::Extension => false,
+        // Our own scripts' replies not matching what the code expects: a bug, a 500. A reply
+        // that does not parse as Redis's protocol at all (`Parse`) is the server, not us: a
+        // proxy failing, or something else listening on Redis's port.
+        ErrorKind::UnexpectedReturnType | ErrorKind::Extension => false,
         _ => true,
     }
 }
@@ -301,6 +304,12 @@ fn redis_parts(e: &RedisError) -> (StatusCode, &'static str, String) {
             "Redis refused this service's credentials (the password or user in REDIS_URL); \
              nothing was sold"
                 .into(),
+        )
+    } else if let Some(why) = crate::store::write_refusal(e) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "redis_unavailable",
+            format!("{why}: it refused the write; nothing was sold; retry once it takes writes"),
         )
     } else if unavailable(e) {
         unreachable_redis()

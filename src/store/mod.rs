@@ -29,6 +29,30 @@ pub fn is_auth_error(e: &RedisError) -> bool {
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
 }
 
+/// Why Redis refused a command it will take again later, if that is what `e` is: out of
+/// memory (`OOM`, with `maxmemory` and `noeviction`), a failing save (`MISCONF`), too few
+/// replicas for `min-replicas-to-write` (`NOREPLICAS`), a script running too long (`BUSY`).
+/// Redis refuses these before the command (a script: before its first write) does anything,
+/// and a transaction whose queued command was refused is discarded whole, so nothing was
+/// written.
+pub fn write_refusal(e: &RedisError) -> Option<&'static str> {
+    const REFUSALS: [(&str, &str); 4] = [
+        ("OOM", "Redis is out of memory (maxmemory)"),
+        ("MISCONF", "Redis cannot save its data (MISCONF)"),
+        (
+            "NOREPLICAS",
+            "Redis has too few replicas to write (NOREPLICAS)",
+        ),
+        ("BUSY", "Redis is busy running a script (BUSY)"),
+    ];
+    let code = e.code().unwrap_or("");
+    let text = e.to_string();
+    REFUSALS.iter().find_map(|(refusal, why)| {
+        let discarded = code == "EXECABORT" && text.contains(refusal);
+        (code == *refusal || discarded).then_some(*why)
+    })
+}
+
 /// A Redis URL fit for a log line or an error: any password replaced by `***`. Whatever
 /// stands before the last `@` is taken for credentials, URL or not: a value that failed
 /// to parse as a URL (`:pw@host`, `redis:/:pw@host`) is exactly the one quoted in an error.

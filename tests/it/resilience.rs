@@ -154,6 +154,74 @@ async fn a_frozen_redis_costs_a_sale_of_any_strategy_about_one_timeout() {
     }
 }
 
+/// Redis refusing writes (out of memory under `noeviction`; too few replicas for
+/// `min-replicas-to-write`): every strategy
+/// answers 503 `redis_unavailable` saying why, sells nothing and keeps no idempotency key,
+/// and sells again, the same key too, once Redis takes writes. They answered 500.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_refusing_writes_gets_every_strategy_a_503_that_sold_nothing() {
+    let redis = RedisServer::start().await;
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(RedisServer::start().await);
+    }
+    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .env("LOCK_NODES", list.join(","))
+        .start()
+        .await;
+    let mut conn = redis.conn().await;
+    let refusals: [(&str, &[&str], &[&str]); 2] = [
+        (
+            "OOM",
+            &["maxmemory-policy", "noeviction", "maxmemory", "1"],
+            &["maxmemory", "0"],
+        ),
+        (
+            "NOREPLICAS",
+            &["min-replicas-to-write", "1"],
+            &["min-replicas-to-write", "0"],
+        ),
+    ];
+    for (name, refuse, accept) in refusals {
+        for strategy in inventory::strategy::Strategy::ALL {
+            if !strategy.info().distributed {
+                continue;
+            }
+            let query = format!("strategy={}", strategy.name());
+            app.reset(10).await;
+            let sold = app.sale(&query).await;
+            assert_eq!(sold.status, 200, "{query}: {sold:?}");
+            let mut set = redis::cmd("CONFIG");
+            set.arg("SET").arg(refuse);
+            let () = set.query_async(&mut conn).await.expect("refuse writes");
+            let key = format!("{name}-{}", strategy.name());
+            let refused = app.sale_with_key(&query, &key).await;
+            let mut set = redis::cmd("CONFIG");
+            set.arg("SET").arg(accept);
+            let () = set.query_async(&mut conn).await.expect("take writes");
+            assert_eq!(
+                (refused.status, refused.error_code()),
+                (503, "redis_unavailable"),
+                "{name} {query}: {refused:?}\n{}",
+                app.log()
+            );
+            assert!(
+                refused.body["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(name) || m.contains("memory")),
+                "{name} {query}: the message says why: {refused:?}"
+            );
+            let retried = app.sale_with_key(&query, &key).await;
+            assert_eq!(retried.status, 200, "{name} {query}: {retried:?}");
+            let audit = app.audit().await;
+            assert_eq!(audit["sales"], 2, "{name} {query}: {audit}");
+            assert_eq!(audit["clean"], true, "{name} {query}: {audit}");
+        }
+    }
+}
+
 /// Sales in line for the lock while Redis is frozen: each answers about the timeout, not
 /// one timeout per sale ahead of it. Before, every sale in line got the lock in turn and
 /// waited out its own call (12 sales: up to 12 timeouts), and a sale at the end of the line
