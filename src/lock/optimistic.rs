@@ -174,7 +174,13 @@ async fn attempt(store: &Store, entry: &Entry<'_>, work: Duration) -> Result<Att
     // EXEC ends the WATCH whatever it answers.
     match bounded(store, exec.query_async::<Option<((i64, i64),)>>(&mut *conn)).await {
         Ok(None) => Ok(Attempt::Conflict),
-        Ok(Some(((code, value),))) => Ok(Attempt::Done(Recorded::from_reply(code, value))),
+        Ok(Some(((code, value),))) => {
+            let recorded = Recorded::from_reply(code, value);
+            match recorded {
+                Recorded::Written(remaining) => acknowledged(store, conn, remaining).await,
+                recorded => Ok(Attempt::Done(recorded)),
+            }
+        }
         Err(e) if is_noscript(&e) => {
             SCRIPT_LOADED.store(false, Ordering::Relaxed);
             Ok(Attempt::ScriptLoaded)
@@ -183,6 +189,40 @@ async fn attempt(store: &Store, entry: &Entry<'_>, work: Duration) -> Result<Att
         Err(e) => {
             discard(conn);
             Err(Failure::Unknown(e))
+        }
+    }
+}
+
+/// With `REPLICA_ACKS`, the written sale is acknowledged by that many replicas before it
+/// answers 200, as every other strategy's: `WAIT` right behind the `EXEC`, on its
+/// connection, whose last write the `EXEC` is. Without it, a failover lost sales answered
+/// 200 that the other strategies answered `not_replicated`.
+async fn acknowledged(
+    store: &Store,
+    mut conn: deadpool_redis::Connection,
+    remaining: i64,
+) -> Result<Attempt, Failure> {
+    let replication = store.replication();
+    if replication.acks == 0 {
+        return Ok(Attempt::Done(Recorded::Written(remaining)));
+    }
+    let mut wait = redis::cmd("WAIT");
+    wait.arg(replication.acks)
+        .arg(replication.timeout.as_millis().max(1) as u64);
+    let until = Instant::now() + store.timeout() + replication.timeout;
+    match bounded_until(store, until, wait.query_async::<i64>(&mut *conn)).await {
+        Ok(acked) if acked >= i64::from(replication.acks) => {
+            Ok(Attempt::Done(Recorded::Written(remaining)))
+        }
+        Ok(acked) => Ok(Attempt::Done(Recorded::NotReplicated { remaining, acked })),
+        // Written on the master, and nothing known of the replicas; its reply may still
+        // be on the way, so the connection is not pooled again.
+        Err(_) => {
+            discard(conn);
+            Ok(Attempt::Done(Recorded::NotReplicated {
+                remaining,
+                acked: 0,
+            }))
         }
     }
 }
