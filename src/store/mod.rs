@@ -758,10 +758,31 @@ impl Store {
         &self,
     ) -> std::pin::Pin<Box<impl Future<Output = RedisResult<deadpool_redis::Connection>> + '_>>
     {
-        Box::pin(self.pooled())
+        Box::pin(self.checkout())
     }
 
+    /// A pooled connection of its own, for a transaction: not while a failover a sentinel
+    /// announced is under way (see [`Store::call`]).
     pub async fn pooled(&self) -> RedisResult<deadpool_redis::Connection> {
+        self.failover_clear().await?;
+        self.checkout().await
+    }
+
+    /// Under Sentinel, waits (at most the timeout) while a sentinel says it is failing the
+    /// master over: the old master may still take writes that the promoted replica will
+    /// never have. Then a 503 that sent nothing, so sold nothing.
+    async fn failover_clear(&self) -> RedisResult<()> {
+        if Box::pin(self.server.failover_clear(self.timeout)).await {
+            return Ok(());
+        }
+        Err(RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain),
+            "a Sentinel failover is under way",
+            "nothing was sent to the master it is replacing".to_owned(),
+        )))
+    }
+
+    async fn checkout(&self) -> RedisResult<deadpool_redis::Connection> {
         use deadpool_redis::{PoolError, TimeoutType};
         let pool = match &self.cluster {
             // The master of the item's slot: a transaction, a WAIT or a pooled call must stay
@@ -1002,6 +1023,7 @@ impl Store {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        self.failover_clear().await?;
         let (conn, bound) = match (&self.acked, self.pool_settings.mode) {
             (Some(acks), _) => {
                 let barrier = if self.cluster.is_some() {

@@ -740,27 +740,7 @@ async fn under_load_a_killed_master_costs_no_sale_answered_200_when_one_replica_
         "only 503s while there is no master: {refusals:?}"
     );
 
-    let port = testkit::master_port(&sentinels, MASTER_NAME)
-        .await
-        .expect("a sentinel names the new master");
-    let mut new_master = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let ledger: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(Keys::new("001").ledger)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut new_master)
-        .await
-        .unwrap();
-    let kept: std::collections::HashSet<String> = ledger
-        .into_iter()
-        .flat_map(|(_, fields)| fields)
-        .filter_map(|(_, entry)| serde_json::from_str::<serde_json::Value>(&entry).ok())
-        .filter_map(|entry| entry["order_id"].as_str().map(str::to_owned))
-        .collect();
+    let kept = ledger_order_ids(&sentinels).await;
     let sold: Vec<&String> = answers
         .iter()
         .filter(|(_, a)| a.0 == 200)
@@ -778,6 +758,125 @@ async fn under_load_a_killed_master_costs_no_sale_answered_200_when_one_replica_
          sales resumed {recovered:?} after the kill; {} refused meanwhile",
         sold.len(),
         refusals.len()
+    );
+}
+
+/// The order ids in the ledger of the master the sentinels name now.
+async fn ledger_order_ids(sentinels: &[SentinelProcess]) -> std::collections::HashSet<String> {
+    let port = testkit::master_port(sentinels, MASTER_NAME)
+        .await
+        .expect("a sentinel names the new master");
+    let mut new_master = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let ledger: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(Keys::new("001").ledger)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut new_master)
+        .await
+        .unwrap();
+    ledger
+        .into_iter()
+        .flat_map(|(_, fields)| fields)
+        .filter_map(|(_, entry)| serde_json::from_str::<serde_json::Value>(&entry).ok())
+        .filter_map(|entry| entry["order_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A planned failover (`SENTINEL FAILOVER`), without `REPLICA_ACKS`: the old master stays
+/// up and takes writes until Sentinel makes it a replica of the promoted one, which wipes
+/// them. No sale answered 200 is lost: the instances hear the sentinel start the failover
+/// and hold their calls until it names the new master. Before, an outside run lost 2384 of
+/// 4121 sales answered 200, all answered within the 1.7 s between the promotion and the
+/// switch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_planned_failover_loses_no_sale_answered_200_even_without_acks() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let (master, _replicas) = master_and_replicas(2).await;
+    let timing = SentinelTiming::default();
+    let sentinels = sentinels_watching(&master, 2, timing).await;
+    let list = sentinel_list(&sentinels);
+    let mut apps = Vec::new();
+    for name in ["app1", "app2"] {
+        apps.push(Arc::new(
+            InstanceBuilder::new(&master, name)
+                .env("REDIS_SENTINELS", &list)
+                .env("REDIS_MASTER_NAME", MASTER_NAME)
+                .env("REDIS_TIMEOUT_MS", 500)
+                // Every sale stays in the ledger, to be looked for.
+                .env("LEDGER_MAX", 1_000_000)
+                .start()
+                .await,
+        ));
+    }
+    apps[0].reset(1_000_000).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut sellers = Vec::new();
+    for i in 0..12 {
+        let (app, stop) = (apps[i % 2].clone(), stop.clone());
+        let strategy = ["atomic", "optimistic", "fenced"][i % 3];
+        sellers.push(tokio::spawn(async move {
+            let mut answers: Vec<Answer> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let sale = app.sale(&format!("strategy={strategy}")).await;
+                let order = sale.body["order_id"].as_str().map(str::to_owned);
+                answers.push((sale.status, sale.error_code().to_owned(), order));
+            }
+            answers
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut c = sentinels[0].connection().await.unwrap();
+    let () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(MASTER_NAME)
+        .query_async(&mut c)
+        .await
+        .expect("a planned failover starts");
+    let started = Instant::now();
+    while testkit::master_port(&sentinels, MASTER_NAME).await == Some(master.port()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the failover never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Sales go on on the new master a while, and the old one is made its replica, wiping
+    // whatever it took alone.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for seller in sellers {
+        answers.extend(seller.await.unwrap());
+    }
+    let kept = ledger_order_ids(&sentinels).await;
+    let sold: Vec<&String> = answers
+        .iter()
+        .filter(|a| a.0 == 200)
+        .filter_map(|a| a.2.as_ref())
+        .collect();
+    let lost: Vec<&&String> = sold.iter().filter(|id| !kept.contains(**id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} sales answered 200 are not in the promoted master's ledger\napp1's log:\n{}",
+        lost.len(),
+        sold.len(),
+        apps[0].log()
+    );
+    let refused: Vec<&Answer> = answers.iter().filter(|a| a.0 != 200).collect();
+    assert!(
+        refused.iter().all(|a| matches!(a.0, 503 | 504 | 409)),
+        "{refused:?}"
+    );
+    eprintln!(
+        "{} sales answered 200, all on the promoted master; {} refused",
+        sold.len(),
+        refused.len()
     );
 }
 
