@@ -174,6 +174,8 @@ pub struct Metrics {
     quorum_failures: AtomicU64,
     validity_left: Histogram,
     sales: [[AtomicU64; OUTCOMES]; STRATEGIES],
+    /// Answers replayed for a repeated `Idempotency-Key`: `[sold, sold_out]`.
+    replays: [[AtomicU64; 2]; STRATEGIES],
     lock_wait: [Histogram; STRATEGIES],
     renewals: AtomicU64,
     locks_lost: AtomicU64,
@@ -197,6 +199,13 @@ impl Metrics {
         if outcome == Outcome::StaleFence {
             self.fence_refusals.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A repeated `Idempotency-Key` answered with its first attempt's sale or `sold_out`:
+    /// counted apart, so that `inventory_sales_total` counts each sale (and each refusal)
+    /// once, as the ledger does.
+    pub fn replay(&self, strategy: Strategy, sold: bool) {
+        self.replays[index(strategy)][usize::from(!sold)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// How many items other than `ITEM_ID` have their lock machinery built now.
@@ -291,6 +300,21 @@ impl Metrics {
                     out,
                     "inventory_sales_total{{strategy=\"{strategy}\",outcome=\"{}\"}} {}",
                     outcome.label(),
+                    load(n)
+                );
+            }
+        }
+
+        out.push_str(
+            "# HELP inventory_sales_replayed_total Answers replayed for a repeated \
+             Idempotency-Key (not counted in inventory_sales_total), by strategy and outcome.\n",
+        );
+        out.push_str("# TYPE inventory_sales_replayed_total counter\n");
+        for (strategy, row) in Strategy::ALL.iter().zip(&self.replays) {
+            for (outcome, n) in ["sold", "sold_out"].iter().zip(row) {
+                let _ = writeln!(
+                    out,
+                    "inventory_sales_replayed_total{{strategy=\"{strategy}\",outcome=\"{outcome}\"}} {}",
                     load(n)
                 );
             }

@@ -72,18 +72,15 @@ impl From<SoldEntry> for Sold {
 /// `OutcomeUnknown`, and on the master only under `NotReplicated { written: true }`.
 #[derive(Debug)]
 pub enum SaleError {
-    SoldOut,
+    /// `replayed`: the `sold_out` of an earlier attempt with the same `Idempotency-Key`,
+    /// which a restock since may have made untrue.
+    SoldOut { replayed: bool },
     /// The lock stayed held for the whole wait budget.
-    LockTimeout {
-        waited: Duration,
-    },
+    LockTimeout { waited: Duration },
     /// The watchdog found the lock gone before the sale wrote.
     LockLost,
     /// The store has seen a newer fencing token than this sale's.
-    StaleFence {
-        token: u64,
-        newest: u64,
-    },
+    StaleFence { token: u64, newest: u64 },
     /// Another attempt with the same `Idempotency-Key` is running.
     InProgress,
     /// A writer that takes no lock (an `atomic` sale or a reset) changed the stock between
@@ -92,10 +89,7 @@ pub enum SaleError {
     /// The item has no stock key: never stocked, or Redis lost its data.
     UnknownItem,
     /// Every optimistic attempt within the wait budget found the stock changed under it.
-    TooMuchContention {
-        attempts: u32,
-        waited: Duration,
-    },
+    TooMuchContention { attempts: u32, waited: Duration },
     /// Redis failed before the write was sent: certainly nothing sold.
     Redis(RedisError),
     /// The write was sent and its answer never came: it may have landed.
@@ -118,7 +112,7 @@ impl SaleError {
 
     pub fn outcome(&self) -> Outcome {
         match self {
-            SaleError::SoldOut => Outcome::SoldOut,
+            SaleError::SoldOut { .. } => Outcome::SoldOut,
             SaleError::LockTimeout { .. } => Outcome::LockTimeout,
             SaleError::LockLost => Outcome::LockLost,
             SaleError::StaleFence { .. } => Outcome::StaleFence,
@@ -232,12 +226,14 @@ impl Seller {
     }
 
     /// Counts every answer of the sale endpoint in one place, the early ones too (Redis
-    /// failing the stock check or the idempotency claim). A replayed sale is not counted
-    /// again as sold: the counter of sales would no longer match the ledger.
+    /// failing the stock check or the idempotency claim). A replayed answer, a sale or a
+    /// `sold_out`, is counted apart: counted again, the sales would no longer match the
+    /// ledger.
     fn count(&self, strategy: Strategy, outcome: &Result<Completed, SaleError>) {
         let metrics = self.store().metrics();
         match outcome {
-            Ok(Completed { replayed: true, .. }) => {}
+            Ok(Completed { replayed: true, .. }) => metrics.replay(strategy, true),
+            Err(SaleError::SoldOut { replayed: true }) => metrics.replay(strategy, false),
             Ok(_) => metrics.sale(strategy, Outcome::Sold),
             Err(e) => metrics.sale(strategy, e.outcome()),
         }
@@ -324,7 +320,7 @@ impl Seller {
     /// then replaces the claim with the sale itself).
     async fn settle(&self, store: &Store, claim: &Claim, error: &SaleError) {
         let keep = match error {
-            SaleError::SoldOut => Some(idempotency::SOLD_OUT),
+            SaleError::SoldOut { .. } => Some(idempotency::SOLD_OUT),
             SaleError::LockTimeout { .. }
             | SaleError::LockLost
             | SaleError::StaleFence { .. }
@@ -457,7 +453,7 @@ impl Seller {
         tracing::debug!(event = crate::events::Event::StockRead.name(), %order_id, stock, fence, prefetched = prefetched.is_some(), "stock read");
         let stock = stock.ok_or(SaleError::UnknownItem)?;
         if stock <= 0 {
-            return Err(SaleError::SoldOut);
+            return Err(SaleError::SoldOut { replayed: false });
         }
         work(read_at, attempt.request.work).await;
         if !guard.lease_confirmed().await || guard.is_lost() {
@@ -505,7 +501,7 @@ impl Seller {
                     waited_ms: waited.as_millis() as u64,
                 })
             }
-            Recorded::SoldOut => Err(SaleError::SoldOut),
+            Recorded::SoldOut => Err(SaleError::SoldOut { replayed: false }),
             Recorded::StaleFence { newest } => Err(SaleError::StaleFence {
                 token: fence.unwrap_or(0),
                 newest,
@@ -540,7 +536,7 @@ fn replay(prior: Prior) -> Result<Completed, SaleError> {
             sold: entry.into(),
             replayed: true,
         }),
-        Prior::SoldOut => Err(SaleError::SoldOut),
+        Prior::SoldOut => Err(SaleError::SoldOut { replayed: true }),
         Prior::InProgress => Err(SaleError::InProgress),
     }
 }

@@ -194,7 +194,16 @@ impl ApiError {
             ),
             ApiError::Sale(e) => {
                 let (status, message) = match e {
-                    SaleError::SoldOut => (StatusCode::CONFLICT, "the item is sold out".into()),
+                    SaleError::SoldOut { replayed: false } => {
+                        (StatusCode::CONFLICT, "the item is sold out".into())
+                    }
+                    SaleError::SoldOut { replayed: true } => (
+                        StatusCode::CONFLICT,
+                        "the item was sold out when this Idempotency-Key was first used; this \
+                         is that answer, replayed (a restock since does not change it: send a \
+                         new key to buy)"
+                            .into(),
+                    ),
                     SaleError::LockLost => (
                         StatusCode::CONFLICT,
                         "the lock expired before the sale could write; nothing was sold".into(),
@@ -346,6 +355,12 @@ impl IntoResponse for ApiError {
             message,
         };
         let mut response = (status, Json(body)).into_response();
+        if let ApiError::Sale(SaleError::SoldOut { replayed: true }) = &self {
+            response.headers_mut().insert(
+                super::inventory::REPLAYED,
+                axum::http::HeaderValue::from_static("true"),
+            );
+        }
         if let Some(failure) = failure {
             response.extensions_mut().insert(Failure(failure));
         }

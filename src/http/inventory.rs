@@ -204,7 +204,7 @@ async fn sell_in_place(
     sold.map_err(|e| ApiError::sale(e, id))
 }
 
-const REPLAYED: &str = "idempotent-replayed";
+pub(super) const REPLAYED: &str = "idempotent-replayed";
 
 /// What a sale can answer, documented once for `POST` and `GET`. Never built: the handlers
 /// answer through `Sold` and `ApiError`, whose statuses `http::error` decides.

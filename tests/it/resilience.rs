@@ -621,8 +621,11 @@ async fn idempotency_keys_expire_after_their_ttl_and_sold_out_is_replayed() {
     app.reset(1).await;
     let first = app.sale_with_key("strategy=atomic", "k-1").await;
     assert_eq!(first.status, 200);
+    let replay = app.sale_with_key("strategy=atomic", "k-1").await;
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
     let out = app.sale_with_key("strategy=atomic", "k-2").await;
     assert_eq!((out.status, out.error_code()), (409, "sold_out"));
+    assert!(out.headers.get("idempotent-replayed").is_none());
     app.reset(1).await;
     let replayed = app.sale_with_key("strategy=atomic", "k-2").await;
     assert_eq!(
@@ -630,6 +633,36 @@ async fn idempotency_keys_expire_after_their_ttl_and_sold_out_is_replayed() {
         (409, "sold_out"),
         "kept outcome"
     );
+    // Said as a replay: the item is in stock again, and only a new key buys it.
+    assert_eq!(replayed.headers["idempotent-replayed"], "true");
+    let message = replayed.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("replayed"), "{message}");
+    // Each sale and each refusal counted once, as the ledger has them; the replays apart.
+    let metrics = app.get("/metrics").await;
+    let metrics = metrics.body.as_str().unwrap_or_default();
+    for (line, n) in [
+        (
+            "inventory_sales_total{strategy=\"atomic\",outcome=\"sold\"}",
+            1,
+        ),
+        (
+            "inventory_sales_total{strategy=\"atomic\",outcome=\"sold_out\"}",
+            1,
+        ),
+        (
+            "inventory_sales_replayed_total{strategy=\"atomic\",outcome=\"sold\"}",
+            1,
+        ),
+        (
+            "inventory_sales_replayed_total{strategy=\"atomic\",outcome=\"sold_out\"}",
+            1,
+        ),
+    ] {
+        assert!(
+            metrics.contains(&format!("{line} {n}\n")),
+            "{line} {n}:\n{metrics}"
+        );
+    }
 
     let expired = within(Duration::from_secs(3), || async {
         app.sale_with_key("strategy=atomic", "k-1").await.status == 200
