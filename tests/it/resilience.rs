@@ -912,6 +912,65 @@ async fn oversized_bodies_are_refused() {
     let body = format!(r#"{{"stock": 5, "padding": "{}"}}"#, "x".repeat(64 * 1024));
     let reply = app.put_inventory(&body, None).await;
     assert_eq!(reply.status, 413, "{reply:?}");
+
+    // Declared or sent chunked (no Content-Length), on every sale route and method: 413,
+    // and nothing sold. Chunked, the sale sold.
+    app.reset(10).await;
+    for path in ["/inventory/sale", "/inventory/001/sale"] {
+        for method in ["POST", "GET"] {
+            for chunked in [false, true] {
+                let status = send_raw_body(app, method, path, 20 * 1024, chunked).await;
+                assert_eq!(status, 413, "{method} {path} chunked={chunked}");
+            }
+        }
+    }
+    assert_eq!(app.audit().await["sales"], 0, "an oversized body sold");
+    assert_eq!(app.sale("strategy=atomic").await.status, 200);
+}
+
+/// Sends `method path?strategy=atomic` with a body of `size` bytes, declared or chunked, by
+/// hand (no client sends a body chunked unasked); the status it got.
+async fn send_raw_body(
+    app: &testkit::fixture::Instance,
+    method: &str,
+    path: &str,
+    size: usize,
+    chunked: bool,
+) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = app
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut request = format!("{method} {path}?strategy=atomic HTTP/1.1\r\nHost: {addr}\r\n");
+    let payload = "x".repeat(size);
+    if chunked {
+        request.push_str("Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+        for chunk in payload.as_bytes().chunks(4096) {
+            request.push_str(&format!(
+                "{:x}\r\n{}\r\n",
+                chunk.len(),
+                String::from_utf8_lossy(chunk)
+            ));
+        }
+        request.push_str("0\r\n\r\n");
+    } else {
+        request.push_str(&format!(
+            "Content-Length: {size}\r\nConnection: close\r\n\r\n{payload}"
+        ));
+    }
+    // The instance may answer and close before reading everything: a failed write is fine.
+    let _ = stream.write_all(request.as_bytes()).await;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|status| status.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"))
 }
 
 /// Redis restarted while an instance sat idle: the instance's shared connection is dead, and
