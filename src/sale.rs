@@ -399,6 +399,7 @@ impl Seller {
             // The nested acquisition that non-reentrant locks cannot survive.
             match locks.reenter(&guard, deadline).await {
                 Ok(inner) => {
+                    guard.add_nested_wait(&inner);
                     let outcome = self.read_work_write(item, &mut guard, attempt).await;
                     self.release(item, inner).await;
                     outcome

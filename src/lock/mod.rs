@@ -311,6 +311,11 @@ impl Guard {
         self.waited
     }
 
+    /// Counts the wait of the nested acquisition `inner` in this sale's own.
+    pub fn add_nested_wait(&mut self, inner: &Guard) {
+        self.waited += inner.waited;
+    }
+
     /// True once the renewal found the lock gone, or the short lease of a lock handed over
     /// could not be extended. Strategies without renewal know nothing else.
     pub fn is_lost(&self) -> bool {
@@ -509,9 +514,9 @@ impl Locks {
         .filter(|p| p.fence == fence)
         .map(|p| p.read);
         let waited = started.elapsed();
-        if !nested {
-            self.cx.store.metrics().lock_wait(strategy, waited);
-        }
+        // The nested acquisition's too: under a lock that is not reentrant it waits for the
+        // lease its own sale holds, which neither the answer nor /metrics showed.
+        self.cx.store.metrics().lock_wait(strategy, waited);
         tracing::debug!(event = crate::events::Event::LockAcquired.name(), %strategy, %owner, fence, nested, waited_ms = waited.as_millis() as u64, "lock acquired");
         Ok(Guard {
             strategy,

@@ -188,6 +188,43 @@ async fn a_nested_acquire_succeeds_only_on_reentrant_strategies() {
     assert_eq!(app.audit().await["clean"], true);
 }
 
+/// A nested acquire under a lock that is not reentrant, with a budget longer than the
+/// lease: it waits for its own sale's lease to end, then sells, late. That wait is in the
+/// answer's `waited_ms` and in the lock-wait histogram; both said 0 (a sale 5 s late
+/// answered `"waited_ms": 0`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nested_acquire_that_outwaits_its_own_lease_says_how_long_it_waited() {
+    const TTL_MS: u64 = 300;
+    let cluster = Cluster::start(1, |b| {
+        b.env("LOCK_TTL_MS", TTL_MS).env("LOCK_WAIT_MS", 3000)
+    })
+    .await;
+    let app = &cluster.instances[0];
+    app.reset(10).await;
+    for name in ["lua-release", "setnx-ttl", "owner-check"] {
+        let nested = app.sale(&format!("strategy={name}&reenter=true")).await;
+        assert_eq!(nested.status, 200, "{name}: {nested:?}");
+        let waited = nested.body["waited_ms"].as_u64().unwrap_or(0);
+        assert!(
+            waited >= TTL_MS * 3 / 4 && Duration::from_millis(waited) <= nested.elapsed,
+            "{name}: waited_ms {waited} for a sale answered after {:?}",
+            nested.elapsed
+        );
+        let metrics = app.get("/metrics").await;
+        let text = metrics.body.as_str().unwrap_or_default();
+        let series = format!("inventory_lock_wait_seconds_sum{{strategy=\"{name}\"}} ");
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        assert!(
+            sum * 1000.0 >= (TTL_MS * 3 / 4) as f64,
+            "{name}: {series}{sum}"
+        );
+    }
+}
+
 const SHORT_TTL_MS: u64 = 300;
 const LONG_WORK_MS: u64 = 3 * SHORT_TTL_MS;
 
