@@ -8,6 +8,8 @@ use crate::{Plan, StrategyReport, Verdict};
 const SAFE: &str = "#2f855a";
 const BAD: &str = "#c53030";
 const STOCK: &str = "#a0aec0";
+/// Neither safe nor oversold: the run proved nothing.
+const UNSURE: &str = "#b7791f";
 
 pub fn render(plan: &Plan, reports: &[StrategyReport]) -> String {
     let items = reports.iter().map(|r| r.items).max().unwrap_or(1);
@@ -23,7 +25,7 @@ h2 {{ font-size: 1.1rem; margin-top: 2.2rem; }}
 table {{ border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }}
 th, td {{ padding: .3rem .5rem; border-bottom: 1px solid #e2e8f0; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }}
-.SAFE {{ color: {SAFE}; font-weight: 600; }} .OVERSOLD {{ color: {BAD}; font-weight: 600; }}
+.SAFE {{ color: {SAFE}; font-weight: 600; }} .OVERSOLD {{ color: {BAD}; font-weight: 600; }} .INCONCLUSIVE {{ color: {UNSURE}; font-weight: 600; }}
 svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
 .legend span {{ display: inline-block; width: .8rem; height: .8rem; margin: 0 .3rem 0 1rem; vertical-align: -1px; }}
 </style></head><body>
@@ -154,6 +156,16 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
         );
     }
     page.push_str("</table>\n");
+    for r in reports {
+        if let Some(why) = r.inconclusive() {
+            let _ = writeln!(
+                page,
+                "<p><b>{}</b>: <span class=\"INCONCLUSIVE\">INCONCLUSIVE</span>: {}</p>",
+                escape(&r.strategy),
+                escape(&why)
+            );
+        }
+    }
     for r in reports.iter().filter(|r| r.disagreement.is_some()) {
         let _ = writeln!(
             page,
@@ -167,10 +179,10 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
 }
 
 fn verdict_color(r: &StrategyReport) -> &'static str {
-    if r.verdict == Verdict::Safe {
-        SAFE
-    } else {
-        BAD
+    match r.verdict {
+        Verdict::Safe => SAFE,
+        Verdict::Oversold => BAD,
+        Verdict::Inconclusive => UNSURE,
     }
 }
 
@@ -366,6 +378,32 @@ mod tests {
         assert!(
             !page.contains("Sales per item"),
             "one item: no chart per item"
+        );
+    }
+
+    #[test]
+    fn an_inconclusive_run_is_neither_green_nor_red_and_says_why() {
+        let mut refused = report("fenced", 0, Verdict::Inconclusive);
+        (refused.sold_out, refused.errors) = (0, 20);
+        refused.error_kinds = [("bad_request".to_owned(), 20)].into();
+        let plan = Plan {
+            target: "http://127.0.0.1:8080".into(),
+            strategies: vec![],
+            stock: 10,
+            requests: 20,
+            concurrency: 4,
+            work_ms: 5000,
+            admin_token: None,
+        };
+        let page = render(&plan, &[refused]);
+        assert!(
+            page.contains(&format!("fill=\"{UNSURE}\"><title>0 sold")),
+            "{page}"
+        );
+        assert!(page.contains(r#"<td class="INCONCLUSIVE">INCONCLUSIVE</td>"#));
+        assert!(
+            page.contains("nothing sold; 20 requests failed (bad_request: 20)"),
+            "{page}"
         );
     }
 

@@ -116,7 +116,8 @@ pub struct StrategyReport {
     /// Why they do not, when they do not.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub disagreement: Option<String>,
-    /// `SAFE` or `OVERSOLD`: `OVERSOLD` when any item is.
+    /// `OVERSOLD` when any item is; else `INCONCLUSIVE` when the run could not have shown
+    /// an oversell (see [`StrategyReport::inconclusive`]); else `SAFE`.
     pub verdict: Verdict,
     /// How many items the sales were spread over (`--items`); 1 is the default item. The
     /// figures above are the items' totals.
@@ -163,6 +164,10 @@ fn one() -> usize {
 pub enum Verdict {
     Safe,
     Oversold,
+    /// Neither: the sales that would show an oversell did not happen (nothing sold while
+    /// requests failed) or were not the sales asked for (the service refused requests as
+    /// wrong). A strategy's report only; an item's verdict stays `SAFE` or `OVERSOLD`.
+    Inconclusive,
 }
 
 impl std::fmt::Display for Verdict {
@@ -170,8 +175,58 @@ impl std::fmt::Display for Verdict {
         f.write_str(match self {
             Verdict::Safe => "SAFE",
             Verdict::Oversold => "OVERSOLD",
+            Verdict::Inconclusive => "INCONCLUSIVE",
         })
     }
+}
+
+/// Error kinds that say the request itself was wrong, not the lock or the network: the
+/// 4xx answers other than the sale's own 409s (a `work_ms` above the service's
+/// `MAX_WORK_MS` is a `bad_request`), and a 4xx without the service's body (`http_4..`).
+/// The service refused such a sale before it tried the lock.
+const REQUEST_FAULTS: [&str; 6] = [
+    "bad_request",
+    "payload_too_large",
+    "unauthorized",
+    "not_found",
+    "method_not_allowed",
+    "unknown_item",
+];
+
+fn is_request_fault(kind: &str) -> bool {
+    REQUEST_FAULTS.contains(&kind) || kind.starts_with("http_4")
+}
+
+/// Why a run that oversold nothing still proves nothing, from its totals; `None` when its
+/// `SAFE` means something. Stock left unsold because every request failed is no evidence
+/// that the lock holds, and a run whose requests the service refused as wrong measured
+/// something other than the plan (typically a `--work-ms` above `MAX_WORK_MS`).
+fn inconclusive(sold: u64, errors: u64, error_kinds: &BTreeMap<String, u64>) -> Option<String> {
+    let kinds = |keep: fn(&str) -> bool| {
+        error_kinds
+            .iter()
+            .filter(|(kind, _)| keep(kind))
+            .map(|(kind, n)| format!("{kind}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if sold == 0 && errors > 0 {
+        return Some(format!(
+            "nothing sold; {errors} requests failed ({})",
+            kinds(|_| true)
+        ));
+    }
+    let faults: u64 = error_kinds
+        .iter()
+        .filter(|(kind, _)| is_request_fault(kind))
+        .map(|(_, n)| n)
+        .sum();
+    (faults > 0).then(|| {
+        format!(
+            "{faults} requests refused as wrong by the service ({})",
+            kinds(is_request_fault)
+        )
+    })
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
@@ -183,6 +238,23 @@ pub struct Latency {
 }
 
 impl StrategyReport {
+    /// Why the verdict is `INCONCLUSIVE` (`nothing sold; 2 requests failed (bad_request:
+    /// 2)`), from the report's own figures: a line read back from `--json` says it too.
+    pub fn inconclusive(&self) -> Option<String> {
+        if self.verdict != Verdict::Inconclusive {
+            return None;
+        }
+        inconclusive(self.sold, self.errors, &self.error_kinds)
+    }
+
+    /// The verdict with its reason when it has one, for the lines people read.
+    pub fn verdict_text(&self) -> String {
+        match self.inconclusive() {
+            Some(why) => format!("{}: {why}", self.verdict),
+            None => self.verdict.to_string(),
+        }
+    }
+
     /// An oversell that the strategy exists to prevent (the exit status 2 of the binary).
     pub fn is_unexpected_oversell(&self) -> bool {
         // The table says which strategies are meant to hold across instances.
@@ -648,8 +720,12 @@ fn summarize(
     let secs = duration.as_secs_f64().max(1e-9);
     let audit_sales = per_item.iter().map(|i| i.audit_sales).sum();
     let disagreement = total_disagreement(&per_item, sold, errors, audit_sales);
+    // An oversell is evidence however the other requests ended; the absence of one is
+    // evidence only when sales were made as asked.
     let verdict = if per_item.iter().any(|i| i.verdict == Verdict::Oversold) {
         Verdict::Oversold
+    } else if inconclusive(sold, errors, &error_kinds).is_some() {
+        Verdict::Inconclusive
     } else {
         Verdict::Safe
     };
@@ -930,6 +1006,78 @@ mod tests {
             (1, 0),
             "old lines still read"
         );
+    }
+
+    #[test]
+    fn a_run_where_every_request_was_refused_is_inconclusive_not_safe() {
+        // What a --work-ms above MAX_WORK_MS gives: every sale a 400, the stock untouched.
+        let results = sales(0, 2, Outcome::Error("bad_request".into()));
+        let report = summarize(
+            fenced(),
+            100,
+            results,
+            Duration::from_secs(1),
+            &[audit("001", 100, 0, 100)],
+        );
+        assert_eq!((report.sold, report.errors), (0, 2));
+        assert_eq!(report.verdict, Verdict::Inconclusive, "{report:#?}");
+        assert_eq!(
+            report.verdict_text(),
+            "INCONCLUSIVE: nothing sold; 2 requests failed (bad_request: 2)"
+        );
+        assert!(!report.is_unexpected_oversell());
+        let line = serde_json::to_string(&report).unwrap();
+        assert!(line.contains(r#""verdict":"INCONCLUSIVE""#), "{line}");
+        let read: StrategyReport = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            read.inconclusive(),
+            report.inconclusive(),
+            "said by the line"
+        );
+
+        // Nothing sold because Redis was down is no more a proof of safety.
+        let down = sales(0, 3, Outcome::Error("redis_unavailable".into()));
+        let report = summarize(fenced(), 5, down, ms(1), &[audit("001", 5, 0, 5)]);
+        assert_eq!(report.verdict, Verdict::Inconclusive, "{report:#?}");
+    }
+
+    #[test]
+    fn a_run_with_requests_refused_as_wrong_is_inconclusive_even_with_sales() {
+        let mut results = sales(0, 3, sold("app1"));
+        results.extend(sales(0, 1, Outcome::Error("bad_request".into())));
+        results.extend(sales(0, 1, Outcome::Error("http_404".into())));
+        results.extend(sales(0, 2, Outcome::Error("lock_timeout".into())));
+        let report = summarize(fenced(), 5, results, ms(1), &[audit("001", 5, 3, 2)]);
+        assert_eq!(report.verdict, Verdict::Inconclusive, "{report:#?}");
+        let why = report.inconclusive().unwrap();
+        assert_eq!(
+            why,
+            "2 requests refused as wrong by the service (bad_request: 1, http_404: 1)"
+        );
+    }
+
+    #[test]
+    fn a_sold_out_run_or_one_with_some_timeouts_stays_safe_and_an_oversell_stays_oversold() {
+        // Stock 0: nothing sold, nothing failed; every answer was a real sold_out.
+        let report = summarize(
+            fenced(),
+            0,
+            sales(0, 4, Outcome::SoldOut),
+            ms(1),
+            &[audit("001", 0, 0, 0)],
+        );
+        assert_eq!(report.verdict, Verdict::Safe, "{report:#?}");
+        assert_eq!(report.verdict_text(), "SAFE");
+        let mut results = sales(0, 5, sold("app1"));
+        results.extend(sales(0, 2, Outcome::Error("lock_timeout".into())));
+        let report = summarize(fenced(), 5, results, ms(1), &[audit("001", 5, 5, 0)]);
+        assert_eq!(report.verdict, Verdict::Safe, "{report:#?}");
+        // An oversell is evidence whatever else failed.
+        let mut results = sales(0, 6, sold("app1"));
+        results.extend(sales(0, 2, Outcome::Error("bad_request".into())));
+        let report = summarize(fenced(), 5, results, ms(1), &[audit("001", 5, 6, 0)]);
+        assert_eq!(report.verdict, Verdict::Oversold, "{report:#?}");
+        assert_eq!(report.inconclusive(), None);
     }
 
     #[test]

@@ -47,29 +47,41 @@ pub enum Contender {
 
 impl Contender {
     /// `rslock`, or `<strategy>/<wait>` (`lua-release/notify`), optionally with a tenure in
-    /// milliseconds (`fenced/notify:0`, the plain hand-off).
+    /// milliseconds (`fenced/notify:0`, the plain hand-off). Every refusal names what is
+    /// valid: the bench is run by hand, from a list typed on the command line.
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         if text == "rslock" {
             return Ok(Contender::Rslock);
         }
         let (text, tenure_ms) = match text.split_once(':') {
-            Some((text, ms)) => (
-                text,
-                Some(ms.parse::<u64>().map_err(|e| {
-                    anyhow::anyhow!("{ms:?}: the tenure is whole milliseconds ({e})")
-                })?),
-            ),
+            Some((text, ms)) => (text, Some(tenure(ms)?)),
             None => (text, None),
         };
-        let (strategy, wait) = text
-            .split_once('/')
-            .with_context(|| format!("{text:?}: expected rslock or <strategy>/<wait>"))?;
+        let (strategy, wait) = text.split_once('/').with_context(|| {
+            format!(
+                "{text:?}: expected rslock or <strategy>/<wait>, <wait> one of {}",
+                wait_modes()
+            )
+        })?;
         let Strategy::Redis(lock) = strategy.parse::<Strategy>().map_err(anyhow::Error::msg)?
         else {
             bail!("{strategy}: only the strategies whose lock lives in Redis can be benched");
         };
-        let wait = <WaitMode as clap::ValueEnum>::from_str(wait, true)
-            .map_err(|e| anyhow::anyhow!("{wait}: {e}"))?;
+        let wait = <WaitMode as clap::ValueEnum>::from_str(wait, true).map_err(|_| {
+            anyhow::anyhow!(
+                "{text}: unknown wait mode {wait:?}; valid: {}",
+                wait_modes()
+            )
+        })?;
+        // Only the notify waiter keeps a lock between an instance's own sales
+        // (`LOCK_TENURE_MS`); a tenure given to another would be ignored, and the run
+        // labelled with a setting it never had.
+        if let Some(ms) = tenure_ms.filter(|_| wait != WaitMode::Notify) {
+            bail!(
+                "{text}:{ms}: a tenure applies only to notify ({strategy}/notify:{ms}); \
+                 drop it from the other wait modes"
+            );
+        }
         Ok(Contender::Project {
             lock,
             wait,
@@ -109,6 +121,29 @@ impl Contender {
             Contender::Rslock => "rslock".to_owned(),
         }
     }
+}
+
+/// The longest tenure: the service's own bound on `LOCK_TENURE_MS`.
+const MAX_TENURE_MS: u64 = 1_000;
+
+/// A tenure in whole milliseconds, 0 ..= [`MAX_TENURE_MS`].
+fn tenure(ms: &str) -> anyhow::Result<u64> {
+    match ms.parse::<u64>() {
+        Ok(ms) if ms <= MAX_TENURE_MS => Ok(ms),
+        _ => bail!(
+            "{ms:?}: the tenure is whole milliseconds, 0 to {MAX_TENURE_MS} (as LOCK_TENURE_MS)"
+        ),
+    }
+}
+
+/// The wait modes by the names `LOCK_WAIT` takes, for the messages that refuse one.
+fn wait_modes() -> String {
+    <WaitMode as clap::ValueEnum>::value_variants()
+        .iter()
+        .filter_map(clap::ValueEnum::to_possible_value)
+        .map(|v| v.get_name().to_owned())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// How every client of a run behaves.
@@ -607,6 +642,33 @@ mod tests {
         }
         assert!(Contender::parse("atomic/notify").is_err());
         assert!(Contender::parse("fenced").is_err());
+    }
+
+    #[test]
+    fn a_wrong_wait_mode_or_tenure_is_refused_naming_what_is_valid() {
+        let refusal = |label: &str| {
+            Contender::parse(label)
+                .map(Contender::label)
+                .expect_err(label)
+                .to_string()
+        };
+        for label in ["fenced/bogus", "fenced", "fenced/"] {
+            let why = refusal(label);
+            assert!(why.contains("notify, pubsub, spin"), "{label}: {why}");
+        }
+        for label in ["fenced/spin:5", "lua-release/pubsub:0"] {
+            let why = refusal(label);
+            assert!(why.contains("only to notify"), "{label}: {why}");
+        }
+        for label in ["fenced/notify:-1", "fenced/notify:x", "fenced/notify:1001"] {
+            let why = refusal(label);
+            assert!(why.contains("0 to 1000"), "{label}: {why}");
+        }
+        assert!(Contender::parse("fenced/notify:1000").is_ok());
+        assert!(
+            Contender::parse("fenced/NOTIFY").is_ok(),
+            "as LOCK_WAIT takes it"
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! `loadtest`: resets the stock, fires the sales, reads the audit, for each strategy; prints
-//! a comparison and exits 2 when a strategy that should be safe oversold.
+//! a comparison and exits 2 when a strategy that should be safe oversold, else 3 when a
+//! strategy's run was INCONCLUSIVE (nothing sold while requests failed, or requests refused
+//! as wrong): a run that proved nothing must not pass a script's check.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -8,7 +10,11 @@ use std::sync::Arc;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use inventory::lock::Strategy;
-use loadtest::{LoadTest, Plan, StrategyReport, html, table};
+use loadtest::tool::seconds;
+use loadtest::{LoadTest, Plan, StrategyReport, Verdict, html, table};
+
+/// The service's `MAX_WORK_MS` unless configured (`inventory --max-work-ms`'s default).
+const SERVICE_MAX_WORK_MS: u64 = 2_000;
 
 /// Load test of the inventory service, strategy by strategy.
 #[derive(Debug, Parser)]
@@ -47,8 +53,13 @@ struct Args {
     /// waits for connections to them, times out and marks them down.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     concurrency: u64,
-    /// Business time inside the lock, per sale (0..=60000 ms).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    /// Business time inside the lock, per sale (0..=60000 ms). The service refuses more than
+    /// its MAX_WORK_MS (2000 unless configured) with 400 bad_request: such a run sells
+    /// nothing and is INCONCLUSIVE.
+    // Up to the service's hard ceiling, not its default: an instance may be configured to
+    // allow more, and loadtest cannot ask which.
+    #[arg(long, default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=inventory::sale::MAX_WORK_MS))]
     work_ms: u64,
     /// Print one JSON object per strategy instead of the table.
     #[arg(long)]
@@ -86,29 +97,15 @@ async fn main() -> ExitCode {
         Ok(reports) if reports.iter().any(StrategyReport::is_unexpected_oversell) => {
             ExitCode::from(2)
         }
+        Ok(reports) if reports.iter().any(|r| r.verdict == Verdict::Inconclusive) => {
+            ExitCode::from(3)
+        }
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("loadtest: {e:#}");
             ExitCode::FAILURE
         }
     }
-}
-
-/// The longest `--duration` and `--failover-after`: a day. Beyond it a run is a mistake,
-/// and far beyond it the seconds no longer fit a `Duration` or a deadline.
-const MAX_SECONDS: f64 = 86_400.0;
-
-/// `value` seconds of `flag`, refused with the range named unless in (0 or above 0, as
-/// `zero_ok` says) ..= a day.
-fn seconds(flag: &str, value: f64, zero_ok: bool) -> anyhow::Result<std::time::Duration> {
-    let low_ok = if zero_ok { value >= 0.0 } else { value > 0.0 };
-    if low_ok && value <= MAX_SECONDS {
-        return Ok(std::time::Duration::from_secs_f64(value));
-    }
-    let low = if zero_ok { "from 0" } else { "above 0" };
-    anyhow::bail!(
-        "{flag} is {value}; valid: a number of seconds {low}, at most {MAX_SECONDS} (a day)"
-    )
 }
 
 async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
@@ -135,6 +132,14 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
         work_ms: args.work_ms,
         admin_token: args.admin_token.filter(|t| !t.is_empty()),
     };
+    if plan.work_ms > SERVICE_MAX_WORK_MS && !args.health {
+        // Said before the run, not only in its verdict: a long run of refusals is minutes lost.
+        eprintln!(
+            "loadtest: --work-ms {} is above the service's default MAX_WORK_MS ({SERVICE_MAX_WORK_MS}); \
+             unless the instances allow more, every sale is refused with 400 bad_request",
+            plan.work_ms
+        );
+    }
     let mut load = LoadTest::new(plan.clone())?.with_items(args.items as usize)?;
     if args.health {
         let report = load
@@ -185,7 +190,9 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
         } else if !interactive {
             eprintln!(
                 "{}: {} sold, {}",
-                report.strategy, report.sold, report.verdict
+                report.strategy,
+                report.sold,
+                report.verdict_text()
             );
         }
         reports.push(report);
@@ -233,18 +240,22 @@ mod tests {
     }
 
     #[test]
-    fn seconds_beyond_a_day_or_not_numbers_are_refused_naming_the_range() {
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 86_400.5, 1e19, 1e30] {
-            let refusal = seconds("--duration", bad, false)
-                .expect_err("taken")
-                .to_string();
-            assert!(refusal.contains("above 0, at most 86400"), "{refusal}");
-        }
-        assert!(seconds("--failover-after", 0.0, true).is_ok());
-        assert!(seconds("--failover-after", -0.5, true).is_err());
+    fn the_work_limit_warned_about_is_the_services_default() {
+        use clap::CommandFactory;
+        let service = inventory::config::Config::command();
+        let default = service
+            .get_arguments()
+            .find(|a| a.get_id() == "max_work_ms")
+            .and_then(|a| a.get_default_values().first().cloned());
         assert_eq!(
-            seconds("--duration", 86_400.0, false).ok(),
-            Some(std::time::Duration::from_secs(86_400))
+            default.and_then(|d| d.to_str()?.parse::<u64>().ok()),
+            Some(SERVICE_MAX_WORK_MS)
         );
+        let help = Args::command().render_long_help().to_string();
+        assert!(
+            help.contains("MAX_WORK_MS (2000 unless configured)"),
+            "{help}"
+        );
+        assert!(Args::try_parse_from(["loadtest", "--work-ms", "60001"]).is_err());
     }
 }

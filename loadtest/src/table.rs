@@ -55,6 +55,10 @@ pub fn render(reports: &[StrategyReport]) -> String {
         if let Some(why) = &report.disagreement {
             out.push(format!("note: {}: {why}", report.strategy));
         }
+        // The column has room for the word only; the reason is what to fix before a rerun.
+        if let Some(why) = report.inconclusive() {
+            out.push(format!("inconclusive: {}: {why}", report.strategy));
+        }
     }
     out.join("\n")
 }
@@ -150,6 +154,27 @@ mod tests {
             Duration::from_secs(1),
             &audits,
         )
+    }
+
+    #[test]
+    fn an_inconclusive_run_says_why_under_the_table() {
+        let results = vec![(0, Outcome::Error("bad_request".into()), Duration::ZERO); 2];
+        let mut untouched = audit("001", 0);
+        untouched.remaining = 5;
+        let report = summarize(
+            "fenced".parse().unwrap(),
+            5,
+            results,
+            Duration::from_secs(1),
+            &[untouched],
+        );
+        let table = render(&[report]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[2].ends_with("INCONCLUSIVE"), "{table}");
+        assert_eq!(
+            lines[3],
+            "inconclusive: fenced: nothing sold; 2 requests failed (bad_request: 2)"
+        );
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! What the tools that start their own topologies (`failover-table`, `cluster-table`) share.
+//! What the crate's tools share: the `--inventory-bin` of the tools that start their own
+//! topologies (`failover-table`, `cluster-table`), and the one parser of flags given in
+//! seconds (`loadtest`, `lock-bench`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// `--inventory-bin`: which `inventory` the tool starts.
 #[derive(Debug, Clone, clap::Args)]
@@ -28,5 +31,54 @@ pub fn exit(tool: &str, result: anyhow::Result<()>) -> ExitCode {
             eprintln!("{tool}: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The longest flag given in seconds (`--duration`, `--failover-after`, `--wait-budget`): a
+/// day. Beyond it a run is a mistake, and far beyond it the seconds no longer fit a
+/// `Duration` or a deadline.
+pub const MAX_SECONDS: f64 = 86_400.0;
+
+/// `value` seconds of `flag`, refused with the range named unless in (0 or above 0, as
+/// `zero_ok` says) ..= a day. NaN fails both comparisons, so it is refused too: a flag
+/// parsed as `f64` must come through here before `Duration::from_secs_f64`, which panics.
+pub fn seconds(flag: &str, value: f64, zero_ok: bool) -> anyhow::Result<Duration> {
+    let low_ok = if zero_ok { value >= 0.0 } else { value > 0.0 };
+    if low_ok && value <= MAX_SECONDS {
+        return Ok(Duration::from_secs_f64(value));
+    }
+    let low = if zero_ok { "from 0" } else { "above 0" };
+    anyhow::bail!(
+        "{flag} is {value:?}; valid: a number of seconds {low}, at most {MAX_SECONDS} (a day)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_beyond_a_day_or_not_numbers_are_refused_naming_the_range() {
+        for bad in [
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            86_400.5,
+            1e19,
+            1e30,
+            1e300,
+        ] {
+            let refusal = seconds("--duration", bad, false)
+                .expect_err("taken")
+                .to_string();
+            assert!(refusal.contains("above 0, at most 86400"), "{refusal}");
+        }
+        assert!(seconds("--failover-after", 0.0, true).is_ok());
+        assert!(seconds("--failover-after", -0.5, true).is_err());
+        assert_eq!(
+            seconds("--duration", 86_400.0, false).ok(),
+            Some(Duration::from_secs(86_400))
+        );
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use loadtest::lockbench::{self, Contender, Load};
+use loadtest::tool::seconds;
 use testkit::RedisProcess;
 
 /// Lock bench: acquire -> GET -> SET -> release, C processes, one lock.
@@ -27,13 +28,16 @@ struct Args {
         default_value = "rslock,lua-release/notify,fenced/notify,lua-release/notify:0,fenced/notify:0,lua-release/pubsub,fenced/pubsub,lua-release/spin,fenced/spin"
     )]
     contenders: Vec<String>,
-    /// Numbers of client processes, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "16,64")]
-    clients: Vec<usize>,
-    /// Seconds each run lasts.
+    /// Numbers of client processes (1..=1024), comma-separated.
+    // Each client is a process with its own runtime and Redis connections: past a thousand
+    // the machine measures its scheduler, and Redis nears its default 10000 clients.
+    #[arg(long, value_delimiter = ',', default_value = "16,64",
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    clients: Vec<u64>,
+    /// Seconds each run lasts (above 0, at most a day).
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
-    /// Seconds one acquire may wait before it counts as a timeout.
+    /// Seconds one acquire may wait before it counts as a timeout (above 0, at most a day).
     #[arg(long, default_value_t = 10.0)]
     wait_budget: f64,
     /// Exit 1 unless every run lost no update and had no timeout (for tests).
@@ -120,8 +124,8 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         .map(|c| Contender::parse(c))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let load = Load {
-        duration: Duration::from_secs_f64(args.duration),
-        wait_budget: Duration::from_secs_f64(args.wait_budget),
+        duration: seconds("--duration", args.duration, false)?,
+        wait_budget: seconds("--wait-budget", args.wait_budget, false)?,
         client_threads: args
             .client_threads
             .map_or_else(lockbench::default_client_threads, usize::from),
@@ -132,7 +136,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let mut clean = true;
     // Every contender at one C before the next C, so that each comparison is made minutes
     // apart at most on a machine whose load changes.
-    for &clients in &args.clients {
+    for clients in args.clients.iter().map(|&c| c as usize) {
         for &contender in &contenders {
             eprintln!("lock-bench: {} with {clients} clients", contender.label());
             let report = lockbench::run(&redis, &exe, contender, clients, load).await?;
@@ -141,4 +145,45 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
     }
     Ok(clean || !args.check)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_counts_outside_one_to_1024_are_refused_naming_the_range() {
+        for bad in ["0", "16,0", "1025", "-1", "many"] {
+            let refusal = Args::try_parse_from(["lock-bench".into(), format!("--clients={bad}")])
+                .expect_err(bad)
+                .to_string();
+            assert!(refusal.contains("--clients"), "{refusal}");
+            if bad.parse::<i64>().is_ok_and(|n| n >= 0) || bad.contains(',') {
+                assert!(refusal.contains("1..=1024"), "{refusal}");
+            }
+        }
+        let args = Args::try_parse_from(["lock-bench", "--clients", "1,1024"]).unwrap();
+        assert_eq!(args.clients, [1, 1024]);
+    }
+
+    /// The durations are refused by `run` before it starts Redis, with the flag and the
+    /// range named, where `Duration::from_secs_f64` would have panicked.
+    #[tokio::test]
+    async fn durations_that_are_no_number_of_seconds_are_refused_before_anything_starts() {
+        for (flag, bad) in [
+            ("--duration", "-1"),
+            ("--duration", "1e300"),
+            ("--duration", "0"),
+            ("--wait-budget", "nan"),
+            ("--wait-budget", "inf"),
+        ] {
+            let args = Args::try_parse_from(["lock-bench".into(), format!("{flag}={bad}")])
+                .expect("an f64 parses");
+            let refusal = run(args).await.expect_err(bad).to_string();
+            assert!(
+                refusal.starts_with(flag) && refusal.contains("above 0, at most 86400"),
+                "{refusal}"
+            );
+        }
+    }
 }
