@@ -329,12 +329,31 @@ wait_ready() {
   done
 }
 
+# Refuses a port given to two services of the topology (a cluster node's bus port counts
+# as its own): the second would fail to bind, and its start check, which only pings the
+# port, would take the first service's answer for its own and call the stack ready.
+check_distinct_ports() {
+  local svc port
+  local -A owner=()
+  claim() {
+    [ -z "${owner[$1]:-}" ] || die "${owner[$1]} and $2 are both port $1; give each service a port of its own"
+    owner[$1]=$2
+  }
+  for svc in "$@"; do
+    port=$(port_of "$svc")
+    claim "$port" "${svc^^}_PORT"
+    if is_cluster_node "$svc"; then claim $((port + 10000)) "${svc^^}_PORT+10000 (its cluster bus)"; fi
+  done
+}
+
 up() {
   mkdir -p "$RUN_DIR"
   cd "$RUN_DIR"
   topology=$(requested_topology)
   local svc port services recorded
   services=$(topology_services "$topology")
+  # shellcheck disable=SC2086 # one service a word
+  check_distinct_ports $services
   recorded=$(topology_file)
   if [ -s "$recorded" ] && [ "$(cat "$recorded")" != "$topology" ] && [ -n "$(running_services)" ]; then
     die "the stack runs as topology $(cat "$recorded") ($(running_services)); run down first"

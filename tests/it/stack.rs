@@ -318,6 +318,46 @@ async fn the_native_stack_refuses_to_start_on_a_taken_port() {
     }
 }
 
+/// The second of two services on one port would fail to bind, and its start check (a PING
+/// of the port) would be answered by the first: `up` must refuse before starting either.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_native_stack_refuses_to_start_with_one_port_given_to_two_services() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let mut ports = native::free_ports();
+    let (redis, lock1) = (0, 1);
+    assert_eq!(
+        (native::SERVICES[redis], native::SERVICES[lock1]),
+        ("redis", "lock1")
+    );
+    ports[lock1] = ports[redis];
+
+    let script = repo_path("scripts/stack.sh");
+    let _down = native::DownOnDrop {
+        script: &script,
+        run_dir: run_dir.path(),
+        inventory: env!("CARGO_BIN_EXE_inventory").as_ref(),
+    };
+    let up = stack_script(run_dir.path(), ports, "up");
+    let stdout = String::from_utf8_lossy(&up.stdout);
+    let stderr = String::from_utf8_lossy(&up.stderr);
+    assert!(!up.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("REDIS_PORT and LOCK1_PORT")
+            && stderr.contains(&format!("port {}", ports[redis])),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("started"), "{stdout}");
+    for port in ports {
+        assert!(
+            !listening(port),
+            "port {port}: nothing was started before the check failed"
+        );
+    }
+    for file in native::pid_files(run_dir.path()) {
+        assert!(!file.exists(), "{} was written", file.display());
+    }
+}
+
 /// Sends one long sale through nginx, kills the instance that holds its lock, and returns
 /// what the client got and how many sales the surviving instance's audit shows.
 async fn a_sale_whose_instance_dies(method: reqwest::Method) -> (u16, serde_json::Value) {
