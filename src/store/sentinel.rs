@@ -487,7 +487,7 @@ impl Server {
     }
 
     /// What a sentinel said on one of the channels [`listen`] follows.
-    async fn on_announcement(&self, channel: &str, payload: &str) {
+    fn on_announcement(&self, channel: &str, payload: &str) {
         let Some(lookup) = &self.lookup else {
             return;
         };
@@ -566,9 +566,7 @@ async fn listen(server: Weak<Server>, sentinel: redis::ConnectionInfo, timeout: 
                     return;
                 };
                 let payload: String = message.get_payload().unwrap_or_default();
-                server
-                    .on_announcement(message.get_channel_name(), &payload)
-                    .await;
+                server.on_announcement(message.get_channel_name(), &payload);
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -654,20 +654,12 @@ async fn under_load_a_killed_master_costs_no_sale_answered_200_when_one_replica_
     let (mut master, _replicas) = master_and_replicas(2).await;
     let timing = SentinelTiming::default();
     let sentinels = sentinels_watching(&master, 2, timing).await;
-    let list = sentinel_list(&sentinels);
-    let mut apps = Vec::new();
-    for name in ["app1", "app2"] {
-        apps.push(Arc::new(
-            InstanceBuilder::new(&master, name)
-                .env("REDIS_SENTINELS", &list)
-                .env("REDIS_MASTER_NAME", MASTER_NAME)
-                .env("REDIS_TIMEOUT_MS", 300)
-                .env("REPLICA_ACKS", 1)
-                .env("REPLICA_ACK_TIMEOUT_MS", ACK_TIMEOUT_MS)
-                .start()
-                .await,
-        ));
-    }
+    let apps = two_instances_behind(&master, &sentinels, |b| {
+        b.env("REDIS_TIMEOUT_MS", 300)
+            .env("REPLICA_ACKS", 1)
+            .env("REPLICA_ACK_TIMEOUT_MS", ACK_TIMEOUT_MS)
+    })
+    .await;
     apps[0].reset(1_000_000).await;
 
     // Four sellers per instance, each recording when and what every sale answered.
@@ -761,6 +753,23 @@ async fn under_load_a_killed_master_costs_no_sale_answered_200_when_one_replica_
     );
 }
 
+/// app1 and app2, following `sentinels`' master (first `master`), configured by `configure`.
+async fn two_instances_behind(
+    master: &RedisServer,
+    sentinels: &[SentinelProcess],
+    configure: impl Fn(InstanceBuilder) -> InstanceBuilder,
+) -> Vec<std::sync::Arc<testkit::fixture::Instance>> {
+    let list = sentinel_list(sentinels);
+    let mut apps = Vec::new();
+    for name in ["app1", "app2"] {
+        let builder = InstanceBuilder::new(master, name)
+            .env("REDIS_SENTINELS", &list)
+            .env("REDIS_MASTER_NAME", MASTER_NAME);
+        apps.push(std::sync::Arc::new(configure(builder).start().await));
+    }
+    apps
+}
+
 /// The order ids in the ledger of the master the sentinels name now.
 async fn ledger_order_ids(sentinels: &[SentinelProcess]) -> std::collections::HashSet<String> {
     let port = testkit::master_port(sentinels, MASTER_NAME)
@@ -800,20 +809,11 @@ async fn a_planned_failover_loses_no_sale_answered_200_even_without_acks() {
     let (master, _replicas) = master_and_replicas(2).await;
     let timing = SentinelTiming::default();
     let sentinels = sentinels_watching(&master, 2, timing).await;
-    let list = sentinel_list(&sentinels);
-    let mut apps = Vec::new();
-    for name in ["app1", "app2"] {
-        apps.push(Arc::new(
-            InstanceBuilder::new(&master, name)
-                .env("REDIS_SENTINELS", &list)
-                .env("REDIS_MASTER_NAME", MASTER_NAME)
-                .env("REDIS_TIMEOUT_MS", 500)
-                // Every sale stays in the ledger, to be looked for.
-                .env("LEDGER_MAX", 1_000_000)
-                .start()
-                .await,
-        ));
-    }
+    let apps = two_instances_behind(&master, &sentinels, |b| {
+        // Every sale stays in the ledger, to be looked for.
+        b.env("REDIS_TIMEOUT_MS", 500).env("LEDGER_MAX", 1_000_000)
+    })
+    .await;
     apps[0].reset(1_000_000).await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut sellers = Vec::new();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use inventory::events::Event;
 use inventory::store::Keys;
 use redis::AsyncCommands;
-use testkit::fixture::{Cluster, InstanceBuilder, RedisServer, Reply};
+use testkit::fixture::{Cluster, Instance, InstanceBuilder, LockNodes, RedisServer, Reply};
 
 /// Polls `check` until it is true or `within` passes; the time it took, if it became true.
 async fn within<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
@@ -27,6 +27,18 @@ where
 }
 
 const REDIS_TIMEOUT_MS: u64 = 400;
+
+/// An instance on `redis` under [`REDIS_TIMEOUT_MS`], whose quorum strategies lock on three
+/// nodes of their own: they stay up whatever happens to `redis`.
+async fn instance_with_lock_nodes(redis: &RedisServer) -> (LockNodes, Instance) {
+    let nodes = LockNodes::start(3).await;
+    let app = InstanceBuilder::new(redis, "app1")
+        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .lock_nodes(&nodes)
+        .start()
+        .await;
+    (nodes, app)
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_redis_outage_gets_fast_503s_and_sales_resume_within_two_seconds_of_its_return() {
@@ -118,16 +130,7 @@ async fn a_frozen_redis_costs_a_sale_the_timeout_and_leaves_no_lock_behind() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_frozen_redis_costs_a_sale_of_any_strategy_about_one_timeout() {
     let redis = RedisServer::start().await;
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(RedisServer::start().await);
-    }
-    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
-    let app = InstanceBuilder::new(&redis, "app1")
-        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
-        .env("LOCK_NODES", list.join(","))
-        .start()
-        .await;
+    let (_nodes, app) = instance_with_lock_nodes(&redis).await;
     for strategy in inventory::strategy::Strategy::ALL {
         let query = format!("strategy={}", strategy.name());
         app.reset(10).await;
@@ -161,16 +164,7 @@ async fn a_frozen_redis_costs_a_sale_of_any_strategy_about_one_timeout() {
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_refusing_writes_gets_every_strategy_a_503_that_sold_nothing() {
     let redis = RedisServer::start().await;
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(RedisServer::start().await);
-    }
-    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
-    let app = InstanceBuilder::new(&redis, "app1")
-        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
-        .env("LOCK_NODES", list.join(","))
-        .start()
-        .await;
+    let (_nodes, app) = instance_with_lock_nodes(&redis).await;
     let mut conn = redis.conn().await;
     let refusals: [(&str, &[&str], &[&str]); 2] = [
         (
@@ -230,18 +224,9 @@ async fn redis_refusing_writes_gets_every_strategy_a_503_that_sold_nothing() {
 async fn a_frozen_redis_costs_every_sale_in_line_about_the_timeout_not_one_timeout_each() {
     const IN_LINE: usize = 12;
     let redis = RedisServer::start().await;
-    // The quorum locks' nodes stay up: only the stock's Redis freezes, where
-    // `redlock-fenced` draws its token with the quorum held.
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(RedisServer::start().await);
-    }
-    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
-    let app = InstanceBuilder::new(&redis, "app1")
-        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
-        .env("LOCK_NODES", list.join(","))
-        .start()
-        .await;
+    // Only the stock's Redis freezes, where `redlock-fenced` draws its token with the
+    // quorum held.
+    let (_nodes, app) = instance_with_lock_nodes(&redis).await;
     for strategy in [
         "fenced",
         "lua-release",
@@ -931,7 +916,7 @@ async fn oversized_bodies_are_refused() {
 /// Sends `method path?strategy=atomic` with a body of `size` bytes, declared or chunked, by
 /// hand (no client sends a body chunked unasked); the status it got.
 async fn send_raw_body(
-    app: &testkit::fixture::Instance,
+    app: &Instance,
     method: &str,
     path: &str,
     size: usize,
