@@ -772,7 +772,10 @@ impl Store {
     /// master over: the old master may still take writes that the promoted replica will
     /// never have. Then a 503 that sent nothing, so sold nothing.
     async fn failover_clear(&self) -> RedisResult<()> {
-        if Box::pin(self.server.failover_clear(self.timeout)).await {
+        // Every call passes here: without sentinels, no boxed future, no lock.
+        if !self.server.follows_sentinels()
+            || Box::pin(self.server.failover_clear(self.timeout)).await
+        {
             return Ok(());
         }
         Err(RedisError::from((
