@@ -42,6 +42,9 @@ pub enum ApiError {
     Sale(SaleError),
     /// 503 when Redis is unreachable, 500 when it answered something unexpected.
     Redis(RedisError),
+    /// A reset's Redis call failed: as `Redis`, but its message says whether the reset may
+    /// have landed.
+    Reset(RedisError),
     /// 500: details go to the log, never to the client.
     Internal(String),
 }
@@ -50,7 +53,6 @@ impl ApiError {
     /// A refused sale of `item`.
     pub fn sale(e: SaleError, item: &str) -> Self {
         match e {
-            SaleError::Redis(e) => ApiError::Redis(e),
             SaleError::UnknownItem => ApiError::UnknownItem(item.to_owned()),
             e => ApiError::Sale(e),
         }
@@ -76,7 +78,14 @@ impl From<QueryRejection> for ApiError {
 /// What the query parameter that serde complains about takes: its complaint names the
 /// parameter and the fault, not the values that would do.
 fn query_hint(text: &str) -> Option<String> {
-    if text.contains("work_ms") {
+    if text.contains("unknown field") {
+        // serde names the known ones, but in its own words; these are the values too.
+        Some(format!(
+            "a sale takes only strategy (one of: {}), work_ms (0 up to MAX_WORK_MS) and \
+             reenter (true or false), each at most once",
+            crate::strategy::Strategy::accepted_names().join(", ")
+        ))
+    } else if text.contains("work_ms") {
         Some("work_ms is a whole number of milliseconds, from 0 up to MAX_WORK_MS (2000 unless configured)".into())
     } else if text.contains("reenter") {
         Some("reenter is true or false".into())
@@ -278,11 +287,12 @@ impl ApiError {
                         "the item has no stock in Redis (never stocked, or Redis lost its data)"
                             .into(),
                     ),
-                    SaleError::Redis(e) => return redis_parts(e),
+                    SaleError::Redis(e) => return redis_parts(e, Effect::Sale),
                 };
                 (status, e.code(), message)
             }
-            ApiError::Redis(e) => redis_parts(e),
+            ApiError::Redis(e) => redis_parts(e, Effect::Read),
+            ApiError::Reset(e) => redis_parts(e, Effect::Reset),
             ApiError::Internal(_) => internal(),
         }
     }
@@ -296,43 +306,76 @@ fn internal() -> (StatusCode, &'static str, String) {
     )
 }
 
-/// A Redis failure before anything was written.
-fn redis_parts(e: &RedisError) -> (StatusCode, &'static str, String) {
+/// What a request whose Redis call failed may have done, for its message to say.
+#[derive(Clone, Copy)]
+enum Effect {
+    /// A sale: every sale error that may have written is `OutcomeUnknown`, so the ones here
+    /// failed before their write and sold nothing.
+    Sale,
+    /// A read (stock, audit, readiness): it changes nothing either way.
+    Read,
+    /// A reset, whose script may have run before its reply was lost.
+    Reset,
+}
+
+impl Effect {
+    fn unanswered(self) -> &'static str {
+        match self {
+            Effect::Sale => "; nothing was sold",
+            Effect::Read => "",
+            Effect::Reset => "; the reset may or may not have been applied (GET /inventory tells)",
+        }
+    }
+
+    fn refused(self) -> &'static str {
+        match self {
+            Effect::Sale => "; nothing was sold",
+            Effect::Read => "",
+            Effect::Reset => "; the stock was not reset",
+        }
+    }
+}
+
+/// A Redis failure, of a sale before anything was written or of any other request.
+fn redis_parts(e: &RedisError, effect: Effect) -> (StatusCode, &'static str, String) {
     if crate::store::is_pool_exhausted(e) {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "pool_exhausted",
-            "every pooled Redis connection stayed in use for REDIS_POOL_WAIT_MS; nothing was \
-             sold; retry shortly"
-                .into(),
+            format!(
+                "every pooled Redis connection stayed in use for REDIS_POOL_WAIT_MS{}; retry \
+                 shortly",
+                effect.refused()
+            ),
         )
     } else if crate::store::is_auth_error(e) {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "redis_auth_failed",
-            "Redis refused this service's credentials (the password or user in REDIS_URL); \
-             nothing was sold"
-                .into(),
+            format!(
+                "Redis refused this service's credentials (the password or user in \
+                 REDIS_URL){}",
+                effect.refused()
+            ),
         )
     } else if let Some(why) = crate::store::write_refusal(e) {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "redis_unavailable",
-            format!("{why}: it refused the write; nothing was sold; retry once it takes writes"),
+            format!(
+                "{why}: it refused the write{}; retry once it takes writes",
+                effect.refused()
+            ),
         )
     } else if unavailable(e) {
-        unreachable_redis()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "redis_unavailable",
+            format!("Redis did not answer{}; retry shortly", effect.unanswered()),
+        )
     } else {
         internal()
     }
-}
-
-fn unreachable_redis() -> (StatusCode, &'static str, String) {
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        "redis_unavailable",
-        "Redis did not answer; nothing was sold; retry shortly".into(),
-    )
 }
 
 /// What went wrong behind an error response, for the log only: the client gets the generic
@@ -345,6 +388,7 @@ impl IntoResponse for ApiError {
         let (status, code, message) = self.parts();
         let failure = match &self {
             ApiError::Redis(e)
+            | ApiError::Reset(e)
             | ApiError::Sale(SaleError::Redis(e))
             | ApiError::Sale(SaleError::OutcomeUnknown(e)) => Some(format!("redis: {e}")),
             ApiError::Internal(detail) => Some(detail.clone()),

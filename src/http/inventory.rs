@@ -36,9 +36,12 @@ pub fn router() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(item_audit))
 }
 
-/// The query of a sale.
+/// The query of a sale. A parameter it does not know is refused, not ignored: a misspelled
+/// one (`Strategy=none`, `work-ms=500`) would otherwise run the sale with the defaults, and
+/// the answer would not say so.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct SaleQuery {
     /// Lock strategy, by name or tutorial alias (`v1`..`v8`); defaults to `LOCK_STRATEGY`.
     #[param(schema_with = strategy_schema, example = "fenced")]
@@ -79,6 +82,14 @@ impl SaleQuery {
     fn into_request(self, app: &AppState) -> Result<SaleRequest, ApiError> {
         let strategy: Strategy = match self.strategy.as_deref() {
             None => app.default_strategy,
+            // The parser trims, for a list in a flag or a variable; a query value with spaces
+            // (`strategy=+atomic`) is a typo to point out, not a name.
+            Some(name) if name.trim() != name => {
+                return Err(ApiError::BadRequest(format!(
+                    "unknown strategy {name:?} (spaces around it); valid: {}",
+                    Strategy::accepted_names().join(", ")
+                )));
+            }
             Some(name) => name.parse().map_err(ApiError::BadRequest)?,
         };
         if strategy.info().quorum && app.seller.nodes().is_empty() {
@@ -619,7 +630,7 @@ async fn restock(
         )));
     }
     let store = app.seller.items.store(item);
-    store.reset(reset.stock).await?;
+    store.reset(reset.stock).await.map_err(ApiError::Reset)?;
     app.seller.items.restocked(item);
     tracing::info!(item, stock = reset.stock, "inventory reset");
     let inventory = store.inventory().await?;
