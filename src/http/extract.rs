@@ -63,18 +63,32 @@ impl FromRequestParts<Arc<AppState>> for Admin {
         let Some(expected) = &state.admin_token else {
             return Ok(Admin);
         };
-        let presented = parts
+        // Two `Authorization` headers are refused whatever they say: a proxy and a client
+        // that disagree on which one counts must not be able to pass with either.
+        let mut headers = parts
             .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
+            .get_all(axum::http::header::AUTHORIZATION)
+            .iter();
+        let presented = match (headers.next(), headers.next()) {
+            (Some(value), None) => value.to_str().ok().and_then(bearer_token),
+            _ => None,
+        }
+        .unwrap_or_default();
         if constant_time_eq(presented.as_bytes(), expected.as_bytes()) {
             Ok(Admin)
         } else {
             Err(ApiError::Unauthorized)
         }
     }
+}
+
+/// The token of `Bearer <token>`. The scheme's name is case-insensitive (RFC 9110, 11.1), so
+/// `bearer` and `BEARER` are the same scheme; one or more spaces may follow it.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
 }
 
 /// Compares without an early exit, so the time taken does not reveal how much of the token
@@ -85,7 +99,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{bearer_token, constant_time_eq};
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_nothing_else_passes() {
+        assert_eq!(bearer_token("Bearer s3cret"), Some("s3cret"));
+        assert_eq!(bearer_token("bearer s3cret"), Some("s3cret"));
+        assert_eq!(bearer_token("BEARER  s3cret"), Some("s3cret"));
+        assert_eq!(bearer_token("Basic s3cret"), None);
+        assert_eq!(bearer_token("Bearers3cret"), None);
+        assert_eq!(bearer_token("s3cret"), None);
+    }
 
     #[test]
     fn only_the_exact_token_matches() {

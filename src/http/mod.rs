@@ -185,6 +185,7 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
             // Outermost first: take nginx's X-Request-Id (or make one), open a span that
             // carries it into every log line of the request, and send it back.
             ServiceBuilder::new()
+                .layer(axum::middleware::map_request(drop_unusable_request_id))
                 .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
                 .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
                     let id = request
@@ -200,4 +201,44 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
                     instance,
                 )),
         ))
+}
+
+/// The longest `X-Request-Id` taken from a client; nginx's own are 32 characters.
+const REQUEST_ID_MAX: usize = 128;
+
+/// Drops an `X-Request-Id` the service would not want in its logs or its answers (longer than
+/// 128 bytes, spaces or control characters, or given twice), so that one is made instead: it is
+/// echoed back and written into every log line of the request, and an 8 KB one was.
+async fn drop_unusable_request_id(mut request: axum::extract::Request) -> axum::extract::Request {
+    let headers = request.headers();
+    let mut ids = headers.get_all(&REQUEST_ID).iter();
+    let usable = match (ids.next(), ids.next()) {
+        (Some(id), None) => usable_request_id(id.as_bytes()),
+        (None, _) => true,
+        _ => false,
+    };
+    if !usable {
+        request.headers_mut().remove(&REQUEST_ID);
+    }
+    request
+}
+
+fn usable_request_id(id: &[u8]) -> bool {
+    (1..=REQUEST_ID_MAX).contains(&id.len()) && id.iter().all(|b| b.is_ascii_graphic())
+}
+
+#[cfg(test)]
+mod request_id_tests {
+    use super::usable_request_id;
+
+    #[test]
+    fn only_short_visible_request_ids_are_kept() {
+        assert!(usable_request_id(b"0f1e2d3c4b5a69788796a5b4c3d2e1f0"));
+        assert!(usable_request_id(&[b'a'; 128]));
+        assert!(!usable_request_id(&[b'a'; 129]));
+        assert!(!usable_request_id(b""));
+        assert!(!usable_request_id(b"two words"));
+        assert!(!usable_request_id(b"tab\there"));
+        assert!(!usable_request_id("caf\u{e9}".as_bytes()));
+    }
 }

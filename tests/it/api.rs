@@ -111,6 +111,38 @@ async fn bad_input_gets_400_naming_the_valid_values_and_changes_nothing() {
             "{query}: {reply:?}"
         );
     }
+    // A parameter the sale does not take is refused, not ignored: misspelled, it would
+    // otherwise run the sale with the defaults. So is a strategy with spaces around it
+    // (`+` is a space in a query).
+    for query in [
+        "Strategy=none",
+        "work-ms=500",
+        "workms=5",
+        "strategy=fenced&reenter=true&item=002",
+        "strategy=fenced&strategy=atomic",
+        "strategy=+atomic",
+        "strategy=atomic+",
+        "strategy=%20fenced",
+    ] {
+        let reply = app.sale(query).await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (400, "bad_request"),
+            "{query}: {reply:?}"
+        );
+        let message = reply.body["message"].as_str().unwrap_or_default();
+        for named in ["strategy", "fenced", "atomic"] {
+            assert!(
+                message.contains(named),
+                "{query}: {named} not named: {message}"
+            );
+        }
+    }
+    let misspelled = app.sale("Strategy=none").await;
+    let message = misspelled.body["message"].as_str().unwrap_or_default();
+    for named in ["work_ms", "reenter", "Strategy"] {
+        assert!(message.contains(named), "{named} not named: {message}");
+    }
     let range = app.sale("work_ms=60001").await;
     assert!(
         range.body["message"].as_str().unwrap().contains("60000"),
@@ -219,11 +251,48 @@ async fn reset_needs_the_admin_token_when_one_is_set() {
             "{token:?}"
         );
     }
+    // Two `Authorization` headers are refused, even when one of them is right.
+    let http = reqwest::Client::new();
+    for pair in [
+        ["Bearer s3cret", "Bearer wrong"],
+        ["Bearer wrong", "Bearer s3cret"],
+    ] {
+        let reply = app
+            .send(
+                http.put(app.url("/inventory"))
+                    .header("content-type", "application/json")
+                    .header("authorization", pair[0])
+                    .header("authorization", pair[1])
+                    .body(r#"{"stock": 7}"#),
+            )
+            .await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (401, "unauthorized"),
+            "{pair:?}"
+        );
+    }
     assert_eq!(
         cluster.redis.snapshot().await,
         before,
         "a refused reset changed Redis"
     );
+    // The scheme's name is case-insensitive (RFC 9110): `bearer` is `Bearer`.
+    for scheme in ["bearer", "BEARER"] {
+        let reply = app
+            .send(
+                http.put(app.url("/inventory"))
+                    .header("content-type", "application/json")
+                    .header("authorization", format!("{scheme} s3cret"))
+                    .body(r#"{"stock": 6}"#),
+            )
+            .await;
+        assert_eq!(
+            (reply.status, &reply.body["stock"]),
+            (200, &6.into()),
+            "{scheme}: {reply:?}"
+        );
+    }
     // Sales need no token.
     assert_eq!(app.sale("").await.status, 200);
 }
@@ -273,6 +342,40 @@ async fn every_response_names_the_instance_and_errors_are_json() {
     }
     let missing = app.get("/nowhere").await;
     assert_eq!((missing.status, missing.error_code()), (404, "not_found"));
+
+    // A client's X-Request-Id is sent back when it is one short visible token; anything else
+    // (8 KB of it, spaces, two of them) is replaced by one of the instance's own.
+    let http = reqwest::Client::new();
+    let request_id = |reply: &reqwest::Response| {
+        reply
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let kept = http
+        .get(app.url("/health"))
+        .header("x-request-id", "abc-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(request_id(&kept).as_deref(), Some("abc-123"));
+    let long = "x".repeat(8192);
+    for ids in [vec![long.as_str()], vec!["two words"], vec!["a", "b"]] {
+        let mut request = http.get(app.url("/health"));
+        for id in &ids {
+            request = request.header("x-request-id", *id);
+        }
+        let reply = request.send().await.unwrap();
+        let echoed = request_id(&reply).unwrap_or_default();
+        assert!(
+            !echoed.is_empty() && echoed.len() <= 128 && !ids.contains(&echoed.as_str()),
+            "{:?} came back as {echoed:?}",
+            ids.iter()
+                .map(|id| &id[..id.len().min(16)])
+                .collect::<Vec<_>>()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -292,6 +395,20 @@ async fn health_stays_200_and_ready_turns_503_fast_while_redis_is_down() {
         (503, "redis_unavailable"),
         "{ready:?}"
     );
+    // Only a sale says it sold nothing; a reset says it may have landed.
+    let message = ready.body["message"].as_str().unwrap_or_default();
+    assert!(!message.contains("sold"), "/ready: {message}");
+    let reset = app.put_inventory(r#"{"stock": 5}"#, None).await;
+    assert_eq!(
+        (reset.status, reset.error_code()),
+        (503, "redis_unavailable"),
+        "{reset:?}"
+    );
+    let message = reset.body["message"].as_str().unwrap_or_default();
+    assert!(
+        !message.contains("sold") && message.contains("may or may not have been applied"),
+        "PUT /inventory: {message}"
+    );
     let sale = app.sale("").await;
     assert_eq!(
         (sale.status, sale.error_code()),
@@ -299,6 +416,8 @@ async fn health_stays_200_and_ready_turns_503_fast_while_redis_is_down() {
         "{sale:?}"
     );
     assert!(sale.elapsed < Duration::from_millis(1_500), "{sale:?}");
+    let message = sale.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("nothing was sold"), "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
