@@ -11,7 +11,5 @@
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2])
-end
+fence_floor(KEYS[2], ARGV[2])
 return redis.call('INCRBY', KEYS[2], ARGV[3])

@@ -33,9 +33,7 @@ local function hand_off(lock, fence, queue, entries, inboxes)
           redis.call('SET', lock, who, 'PX', handed)
         else
           if shape == 'fenced' then
-            if tonumber(redis.call('GET', fence) or '0') < tonumber(newest) then
-              redis.call('SET', fence, newest)
-            end
+            fence_floor(fence, newest)
             -- The waiter's whole block, as its own attempt would have drawn it.
             last = redis.call('INCRBY', fence, math.max(1, tonumber(block)))
             token = last - math.max(1, tonumber(block)) + 1
@@ -49,7 +47,10 @@ local function hand_off(lock, fence, queue, entries, inboxes)
         if redis.call('HEXISTS', inboxes, inbox) == 1 then
           behind = behind - 1
         end
-        redis.call('RPUSH', inbox, behind .. '|' .. token .. '|' .. last .. '|' .. shape .. '|' .. who)
+        -- %d, not `..`: Lua writes a number past 14 digits as 1.7961764366741e+15, and
+        -- tokens start from the clock in microseconds (fence_floor.lua).
+        redis.call('RPUSH', inbox,
+          string.format('%d|%d|%d|', behind, token, last) .. shape .. '|' .. who)
         redis.call('PEXPIRE', inbox, lease)
         return true
       end

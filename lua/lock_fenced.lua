@@ -17,9 +17,7 @@ end
 -- issued is still the one drawn when this holding began.
 local token = mine and tonumber(redis.call('GET', KEYS[2]))
 if not token then
-  if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[3]) then
-    redis.call('SET', KEYS[2], ARGV[3])
-  end
+  fence_floor(KEYS[2], ARGV[3])
   token = redis.call('INCR', KEYS[2])
 end
 redis.call('HINCRBY', KEYS[1], ARGV[1], 1)

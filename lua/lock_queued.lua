@@ -101,9 +101,7 @@ if kind == 'none' or (mine and shape ~= 'string') then
       if last then
         token = last
       else
-        if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[4]) then
-          redis.call('SET', KEYS[2], ARGV[4])
-        end
+        fence_floor(KEYS[2], ARGV[4])
         last = redis.call('INCRBY', KEYS[2], block)
         token = last - block + 1
       end

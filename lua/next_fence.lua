@@ -4,7 +4,5 @@
 -- ARGV[1]: the newest token the caller has drawn before (0 if none): a counter lost with
 --          Redis's data restarts above it, so that tokens never go backwards
 -- returns: the token
-if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1])
-end
+fence_floor(KEYS[1], ARGV[1])
 return redis.call('INCR', KEYS[1])

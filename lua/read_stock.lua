@@ -9,19 +9,23 @@
 -- KEYS[4]: the count of writes made under the other kind of lock (a single-node lock for
 --          a quorum-lock reader, and the reverse): those writers never waited for this
 --          reader's lock, so its write must notice them
+-- KEYS[5]: the count of writes made under this kind of lock. A fenced write checks it too:
+--          a holder of the same kind of lock without a token (`watchdog` beside `fenced`)
+--          moves no token when it takes the lock from a paused fenced holder, so only this
+--          count tells the paused one that somebody wrote after its read
 -- ARGV[1]: the reader's fencing token, or '' when the strategy has none
--- returns: {1, stock, lock-free writes, other-lock writes} when the token is current or
---          absent (stock is -1 when the key is missing); {0, newest, 0, 0} when a newer
---          token has been seen: the reader no longer holds the lock
+-- returns: {1, stock, lock-free writes, other-lock writes, this-lock writes} when the token
+--          is current or absent (stock is -1 when the key is missing); {0, newest, 0, 0, 0}
+--          when a newer token has been seen: the reader no longer holds the lock
 local token = tonumber(ARGV[1])
 if token then
   local newest = tonumber(redis.call('GET', KEYS[2]) or '0')
   if token < newest then
-    return {0, newest, 0, 0}
+    return {0, newest, 0, 0, 0}
   end
   if token > newest then
     redis.call('SET', KEYS[2], token)
   end
 end
 return {1, tonumber(redis.call('GET', KEYS[1]) or '-1'), tonumber(redis.call('GET', KEYS[3]) or '0'),
-  tonumber(redis.call('GET', KEYS[4]) or '0')}
+  tonumber(redis.call('GET', KEYS[4]) or '0'), tonumber(redis.call('GET', KEYS[5]) or '0')}

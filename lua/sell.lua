@@ -41,10 +41,17 @@
 -- ARGV[10]: 'locked' only, optional: the fencing token of the sale its lock tenure passes
 --          the lock to next, registered as read once this write lands, as that sale's own
 --          read would (its stock is this write's, and its counts the ones checked here)
+-- ARGV[11]: 'locked' with a fencing token only: the count of writes under this kind of lock
+--          the caller read with the stock. A token is drawn only by fenced holders, so a
+--          holder of the same kind of lock without one (`watchdog`, `lua-release` ... beside
+--          `fenced`) that took the lock while this caller was paused leaves the token
+--          current; its write moved this count
 -- returns: {1, stock left} when sold; {0, newest token} for a stale fencing token;
 --          {2, 0} when the idempotency claim expired or was taken; {3, 0} when a lock-free
 --          writer, or one under the other kind of lock, wrote since the read; {4, 0} when the stock key is missing (never stocked,
---          or Redis lost its data); {5, 0} when nothing is left (atomic only).
+--          or Redis lost its data); {5, 0} when nothing is left (atomic only); {6, 0} when
+--          a fenced caller's lock was taken by a holder without a token, who wrote since
+--          the read.
 --          Nothing is written in any case but the first.
 local locked = ARGV[1] == 'locked'
 local fence = locked and tonumber(ARGV[7]) or nil
@@ -66,6 +73,9 @@ if fence then
   local newest = tonumber(redis.call('GET', KEYS[6]) or '0')
   if fence < newest then
     return {0, newest}
+  end
+  if (ARGV[11] or '') ~= '' and (redis.call('GET', KEYS[11]) or '0') ~= ARGV[11] then
+    return {6, 0}
   end
 end
 local remaining
@@ -90,7 +100,8 @@ else
 end
 local entry = ARGV[2] .. ',"remaining":' .. remaining
 if fence then
-  entry = entry .. ',"fence":' .. fence
+  -- The caller's text, not the number: Lua writes a number past 14 digits as 1.7e+15.
+  entry = entry .. ',"fence":' .. ARGV[7]
 end
 entry = entry .. '}'
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'sale', entry)

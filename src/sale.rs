@@ -509,6 +509,7 @@ impl Seller {
             }),
             Recorded::ClaimLost => Err(SaleError::InProgress),
             Recorded::StockChanged => Err(SaleError::StockChanged),
+            Recorded::Overtaken => Err(SaleError::LockLost),
             Recorded::Unstocked => Err(SaleError::UnknownItem),
             Recorded::NotReplicated { remaining, acked } => {
                 tracing::warn!(event = crate::events::Event::SaleWritten.name(), order_id = %attempt.order_id, remaining, fence, acked, "sale written, but not acknowledged by enough replicas");

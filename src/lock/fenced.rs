@@ -2,7 +2,10 @@
 //! the stock read registers the token and the stock write refuses one older than the newest
 //! the store has seen.
 //! Fixes: `watchdog`'s paused holder: when it wakes, its write carries an old token and is
-//! refused (409 `stale_fence`) instead of applied.
+//! refused (409 `stale_fence`) instead of applied. When the lock it lost went to a sale of a
+//! strategy without tokens (`watchdog` beside it on the same item), no newer token exists;
+//! that sale's write moved the count of writes under this kind of lock, which the fenced
+//! write also checks (409 `lock_lost`).
 //! Still wrong: only writes that check the token are protected, and the lock depends on one
 //! Redis node (a failover can lose it: see `redlock`).
 

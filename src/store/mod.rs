@@ -460,6 +460,19 @@ pub struct WritesSeen {
     kind: LockKind,
     lockfree: i64,
     other_locks: i64,
+    /// Writes under this kind of lock: checked by a fenced write only (see `sell.lua`).
+    own_locks: i64,
+}
+
+impl WritesSeen {
+    /// What the next sale of a tenure would have read right after this sale's write landed:
+    /// the write counted itself under its kind of lock.
+    fn after_own_write(self) -> Self {
+        WritesSeen {
+            own_locks: self.own_locks + 1,
+            ..self
+        }
+    }
 }
 
 /// A handle to Redis for one item: one multiplexed connection shared by every request (no
@@ -594,6 +607,9 @@ pub enum Recorded {
     StockChanged,
     /// Refused: the stock key is missing (never stocked, or Redis lost its data).
     Unstocked,
+    /// Refused: a fenced sale's lock ran out and a holder of the same kind of lock without
+    /// a fencing token (which moves no token) took it and wrote after this sale's read.
+    Overtaken,
     /// Written and recorded on the master, but fewer replicas than `REPLICA_ACKS`
     /// acknowledged it in time: a failover may or may not lose it.
     NotReplicated { remaining: i64, acked: i64 },
@@ -610,6 +626,7 @@ impl Recorded {
             2 => Recorded::ClaimLost,
             3 => Recorded::StockChanged,
             4 => Recorded::Unstocked,
+            6 => Recorded::Overtaken,
             _ => Recorded::SoldOut,
         }
     }
@@ -1108,8 +1125,8 @@ impl Store {
     }
 
     /// The read of [`Store::read_for_sale`] from its reply.
-    fn stock_read(kind: LockKind, reply: (i64, i64, i64, i64)) -> StockRead {
-        let (ok, value, lockfree, other_locks) = reply;
+    fn stock_read(kind: LockKind, reply: (i64, i64, i64, i64, i64)) -> StockRead {
+        let (ok, value, lockfree, other_locks, own_locks) = reply;
         match ok {
             1 => StockRead::Current {
                 stock: (value >= 0).then_some(value),
@@ -1117,6 +1134,7 @@ impl Store {
                     kind,
                     lockfree,
                     other_locks,
+                    own_locks,
                 },
             },
             _ => StockRead::Stale {
@@ -1159,7 +1177,7 @@ impl Store {
         let read = match recorded {
             Recorded::Written(remaining) => Some(StockRead::Current {
                 stock: Some(remaining),
-                seen,
+                seen: seen.after_own_write(),
             }),
             _ => None,
         };

@@ -10,19 +10,35 @@ macro_rules! script {
     };
 }
 
-script!(LOCK_REENTRANT, "lock_reentrant.lua");
-script!(LOCK_FENCED, "lock_fenced.lua");
-/// A release script with the hand-off function in front (`lua/hand_off.lua`).
+/// A script that draws fencing tokens, with the floor it draws above in front
+/// (`lua/fence_floor.lua`).
+macro_rules! fencing_script {
+    ($name:ident, $file:literal) => {
+        static $name: LazyLock<Script> = LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../lua/fence_floor.lua"),
+                include_str!(concat!("../../lua/", $file))
+            ))
+        });
+    };
+}
+
+/// A release script with the hand-off function in front (`lua/hand_off.lua`), and the
+/// fencing floor the hand-off draws above.
 macro_rules! release_script {
     ($name:ident, $file:literal) => {
         static $name: LazyLock<Script> = LazyLock::new(|| {
             Script::new(concat!(
+                include_str!("../../lua/fence_floor.lua"),
                 include_str!("../../lua/hand_off.lua"),
                 include_str!(concat!("../../lua/", $file))
             ))
         });
     };
 }
+
+script!(LOCK_REENTRANT, "lock_reentrant.lua");
+fencing_script!(LOCK_FENCED, "lock_fenced.lua");
 
 release_script!(UNLOCK_REENTRANT, "unlock_reentrant.lua");
 release_script!(UNLOCK_OWNED, "unlock_owned.lua");
@@ -32,9 +48,9 @@ script!(SELL, "sell.lua");
 script!(RESET, "reset.lua");
 script!(IDEMPOTENCY_SETTLE, "idempotency_settle.lua");
 script!(EXTEND_OWNED, "extend_owned.lua");
-script!(LOCK_QUEUED, "lock_queued.lua");
-script!(NEXT_FENCE, "next_fence.lua");
-script!(DRAW_FENCES, "draw_fences.lua");
+fencing_script!(LOCK_QUEUED, "lock_queued.lua");
+fencing_script!(NEXT_FENCE, "next_fence.lua");
+fencing_script!(DRAW_FENCES, "draw_fences.lua");
 
 // One builder per script: the only place that knows its KEYS and ARGV layout, used by
 // the store, the locks and the Lua tests alike.
@@ -150,13 +166,14 @@ pub fn draw_fences(keys: &Keys, owner: &str, newest: u64, count: u64) -> ScriptI
     i
 }
 
-/// `{1, stock or -1, lock-free writes, other-lock writes}`, or `{0, newest token, 0,
-/// 0}` for a stale `fence`.
+/// `{1, stock or -1, lock-free writes, other-lock writes, this-lock writes}`, or `{0,
+/// newest token, 0, 0, 0}` for a stale `fence`.
 pub fn read_stock(keys: &Keys, kind: LockKind, fence: Option<u64>) -> ScriptInvocation<'static> {
     let mut i = READ_STOCK.key(&keys.stock);
     i.key(keys.fence_seen_by(kind))
         .key(&keys.lockfree_writes)
         .key(keys.locked_writes(kind.other()))
+        .key(keys.locked_writes(kind))
         .arg(fence.map(|f| f.to_string()).unwrap_or_default());
     i
 }
@@ -226,7 +243,12 @@ pub fn sell(
             .arg(fence.map(|f| f.to_string()).unwrap_or_default())
             .arg(seen.lockfree)
             .arg(seen.other_locks)
-            .arg(next_fence.map(|f| f.to_string()).unwrap_or_default());
+            .arg(next_fence.map(|f| f.to_string()).unwrap_or_default())
+            .arg(
+                fence
+                    .map(|_| seen.own_locks.to_string())
+                    .unwrap_or_default(),
+            );
     }
     i
 }

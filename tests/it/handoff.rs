@@ -337,6 +337,7 @@ async fn a_lock_nobody_here_wants_goes_to_the_next_instance_at_once() {
         .acquire(strategy, &a, Instant::now() + Duration::from_secs(5), false)
         .await
         .unwrap();
+    let first = held.fence().unwrap_or(0);
     let waiting = tokio::spawn(async move {
         let b: Arc<str> = "b".into();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -352,8 +353,8 @@ async fn a_lock_nobody_here_wants_goes_to_the_next_instance_at_once() {
         .expect("handed over within 2 s of the release")
         .unwrap()
         .unwrap();
-    // a's grant drew its tenure's block, 1-16: the hand-off's is next.
-    assert_eq!(handed, Some(17));
+    // a's grant drew its tenure's block of 16: the hand-off's is next.
+    assert_eq!(handed, Some(first + 16));
 }
 
 /// A sale that waits behind a sale of its own instance waits here only for the rest of the
@@ -403,6 +404,7 @@ async fn a_lock_handed_to_a_cancelled_waiter_passes_on_at_once() {
     let far = || Instant::now() + Duration::from_secs(10);
     let a: Arc<str> = "a".into();
     let held = holder.acquire(strategy, &a, far(), false).await.unwrap();
+    let first = held.fence().unwrap_or(0);
 
     // b queues, then its sale is cancelled (the future dropped) while its entry is valid.
     let b: Arc<str> = "b".into();
@@ -433,9 +435,9 @@ async fn a_lock_handed_to_a_cancelled_waiter_passes_on_at_once() {
         "{:?}",
         released_at.elapsed()
     );
-    // Each grant draws its tenure's block of 16 tokens: a drew 1-16, b's hand-off 17-32 and
-    // was released; c's starts at 33.
-    assert_eq!(fence, Some(33));
+    // Each grant draws its tenure's block of 16 tokens: a drew the first 16, b's hand-off
+    // the next 16 and was released; c's starts 32 above a's.
+    assert_eq!(fence, Some(first + 32));
 }
 
 /// An instance stopping right after a sale, before its scheduler ever runs the task that would

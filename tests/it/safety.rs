@@ -8,7 +8,7 @@ use inventory::lock::Strategy;
 use inventory::store::{Keys, Store};
 use redis::AsyncCommands;
 use serde_json::Value;
-use testkit::fixture::{Cluster, Instance, InstanceBuilder, RedisServer, Reply, Stack};
+use testkit::fixture::{Cluster, Instance, InstanceBuilder, LockNodes, RedisServer, Reply, Stack};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -236,6 +236,67 @@ async fn a_fenced_sale_overtaken_by_a_quorum_sale_is_stock_changed_not_a_lost_lo
             second.body
         );
     }
+}
+
+/// A fenced holder paused past its lease, whose lock a holder of the same kind of lock
+/// without a token then took and wrote under: the paused one's late write is refused, for
+/// every such pair (`fenced` beside each single-node lock without a token, `redlock-fenced`
+/// beside `redlock`). The taker draws no token, so the token alone cannot tell the paused
+/// holder that it lost its lock; its write sold the same stock value a second time.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_fenced_holder_is_refused_whichever_lock_of_its_kind_took_over() {
+    let redis = RedisServer::start().await;
+    let nodes = LockNodes::start(3).await;
+    let start = |name: &'static str| {
+        InstanceBuilder::new(&redis, name)
+            .env("LOCK_TTL_MS", 600)
+            .lock_nodes(&nodes)
+            .start()
+    };
+    let paused = start("app1").await;
+    let taker = start("app2").await;
+    let locked = locked_strategies();
+    let fenced = locked.iter().filter(|s| s.info().fenced);
+    let mut pairs = 0;
+    for fenced in fenced {
+        let same_kind_unfenced = locked
+            .iter()
+            .filter(|s| !s.info().fenced && s.info().quorum == fenced.info().quorum);
+        for other in same_kind_unfenced {
+            pairs += 1;
+            paused.reset(10).await;
+            let reads = paused.log().matches("stock read").count();
+            let late_query = format!("strategy={fenced}&work_ms=300");
+            let late = paused.sale(&late_query);
+            let take_over = async {
+                until_stock_read(&paused, reads).await;
+                paused.signal("SIGSTOP").await;
+                // The paused holder renews nothing: its lease runs out while this waits.
+                let taken = taker.sale(&format!("strategy={other}")).await;
+                paused.signal("SIGCONT").await;
+                taken
+            };
+            let (late, taken) = tokio::join!(late, take_over);
+            assert_eq!(taken.status, 200, "{other}: {}", taken.body);
+            assert_eq!(
+                (late.status, late.error_code()),
+                (409, "lock_lost"),
+                "{fenced} paused, {other} took over: {}",
+                late.body
+            );
+            let audit = paused.audit().await;
+            assert_eq!(audit["clean"], true, "{fenced} + {other}: {audit}");
+            assert_eq!(
+                (audit["sales"].as_i64(), audit["remaining"].as_i64()),
+                (Some(1), Some(9)),
+                "{fenced} + {other}: {audit}"
+            );
+        }
+    }
+    assert_eq!(
+        pairs, 7,
+        "every lock without a token beside the fenced one of its kind"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -566,6 +627,49 @@ async fn an_instance_drops_clients_that_never_finish_their_headers_or_sit_idle()
     }
     // Their slots are free again.
     assert_eq!(app.get("/health").await.status, 200);
+}
+
+/// A fencing token never goes backwards, across instances, even after Redis lost its data
+/// (here `FLUSHALL`, then a restock): for each fenced strategy, one instance draws one token
+/// and another many; after the loss, the first token either of them draws is above every
+/// token drawn before it by anyone. An instance remembers only its own newest token, which
+/// was all that lifted a lost counter before: the one that had drawn few went back.
+#[tokio::test(flavor = "multi_thread")]
+async fn fencing_tokens_never_go_backwards_across_instances_even_after_redis_lost_its_data() {
+    let redis = RedisServer::start().await;
+    let nodes = LockNodes::start(3).await;
+    let start = |name: &'static str| {
+        InstanceBuilder::new(&redis, name)
+            .lock_nodes(&nodes)
+            .start()
+    };
+    let few = start("app1").await;
+    let many = start("app2").await;
+    let mut c = redis.conn().await;
+    let token = |reply: &Reply| {
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.body["fence"].as_u64().unwrap_or(0)
+    };
+    for strategy in ["fenced", "redlock-fenced"] {
+        few.reset(1000).await;
+        let query = format!("strategy={strategy}");
+        let mut newest = token(&few.sale(&query).await);
+        for _ in 0..3 {
+            let burst = futures_util::future::join_all((0..16).map(|_| many.sale(&query))).await;
+            newest = burst.iter().map(token).fold(newest, u64::max);
+        }
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        few.reset(1000).await;
+        for app in [&few, &many, &few] {
+            let after = token(&app.sale(&query).await);
+            assert!(
+                after > newest,
+                "{strategy}: token {after} drawn by {} after the loss, {newest} before it",
+                app.name
+            );
+            newest = after;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
