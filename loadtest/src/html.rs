@@ -315,6 +315,7 @@ mod tests {
             sold,
             sold_out: 20 - sold,
             refused: 0,
+            refused_kinds: Default::default(),
             errors: 0,
             error_kinds: Default::default(),
             oversold: sold.saturating_sub(10) as i64,

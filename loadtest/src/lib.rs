@@ -74,8 +74,12 @@ pub struct StrategyReport {
     pub sold: u64,
     /// 409 `sold_out`.
     pub sold_out: u64,
-    /// 409 `lock_lost` or `stale_fence`: refused because the lock was lost.
+    /// 409 `lock_lost`, `stale_fence` or `stock_changed`: refused on purpose, nothing sold,
+    /// because the lock was lost or the stock changed under the sale.
     pub refused: u64,
+    /// `refused`, by kind.
+    #[serde(default)]
+    pub refused_kinds: BTreeMap<String, u64>,
     /// Anything else: 503s, 5xx from nginx, failed connections.
     pub errors: u64,
     /// `errors`, by kind (`lock_timeout`, `redis_unavailable`, `http_502`, `connect`, ...).
@@ -165,7 +169,7 @@ pub enum Verdict {
     Safe,
     Oversold,
     /// Neither: the sales that would show an oversell did not happen (nothing sold while
-    /// requests failed) or were not the sales asked for (the service refused requests as
+    /// requests failed or were refused) or were not the sales asked for (the service refused requests as
     /// wrong). A strategy's report only; an item's verdict stays `SAFE` or `OVERSOLD`.
     Inconclusive,
 }
@@ -201,20 +205,35 @@ fn is_request_fault(kind: &str) -> bool {
 /// `SAFE` means something. Stock left unsold because every request failed is no evidence
 /// that the lock holds, and a run whose requests the service refused as wrong measured
 /// something other than the plan (typically a `--work-ms` above `MAX_WORK_MS`).
-fn inconclusive(sold: u64, errors: u64, error_kinds: &BTreeMap<String, u64>) -> Option<String> {
-    let kinds = |keep: fn(&str) -> bool| {
-        error_kinds
-            .iter()
+///
+/// Refusals count with the failures when nothing sold: a refusal is the service protecting
+/// the stock, but a run made of nothing else never let a sale race another, so it shows
+/// nothing about the lock either.
+fn inconclusive(
+    sold: u64,
+    (errors, error_kinds): (u64, &BTreeMap<String, u64>),
+    (refused, refused_kinds): (u64, &BTreeMap<String, u64>),
+) -> Option<String> {
+    let list = |of: &BTreeMap<String, u64>, keep: fn(&str) -> bool| {
+        of.iter()
             .filter(|(kind, _)| keep(kind))
             .map(|(kind, n)| format!("{kind}: {n}"))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    if sold == 0 && errors > 0 {
-        return Some(format!(
-            "nothing sold; {errors} requests failed ({})",
-            kinds(|_| true)
-        ));
+    let kinds = |keep: fn(&str) -> bool| list(error_kinds, keep);
+    if sold == 0 && errors + refused > 0 {
+        let mut why = vec![];
+        if errors > 0 {
+            why.push(format!("{errors} requests failed ({})", kinds(|_| true)));
+        }
+        if refused > 0 {
+            why.push(format!(
+                "{refused} refused ({})",
+                list(refused_kinds, |_| true)
+            ));
+        }
+        return Some(format!("nothing sold; {}", why.join(", ")));
     }
     let faults: u64 = error_kinds
         .iter()
@@ -244,7 +263,11 @@ impl StrategyReport {
         if self.verdict != Verdict::Inconclusive {
             return None;
         }
-        inconclusive(self.sold, self.errors, &self.error_kinds)
+        inconclusive(
+            self.sold,
+            (self.errors, &self.error_kinds),
+            (self.refused, &self.refused_kinds),
+        )
     }
 
     /// The verdict with its reason when it has one, for the lines people read.
@@ -278,9 +301,12 @@ struct Sale {
 /// How one request ended.
 #[derive(Clone)]
 enum Outcome {
-    Sold { instance: Option<String> },
+    Sold {
+        instance: Option<String>,
+    },
     SoldOut,
-    Refused,
+    /// Refused on purpose by the service, nothing sold, by its error code.
+    Refused(String),
     Error(String),
 }
 
@@ -657,7 +683,11 @@ fn classify(status: u16, body: &[u8], instance: Option<String>) -> Outcome {
         .ok();
     match (status, code.as_deref()) {
         (409, Some("sold_out")) => Outcome::SoldOut,
-        (409, Some("lock_lost" | "stale_fence")) => Outcome::Refused,
+        // `stock_changed` is the store refusing a write whose read went stale, as
+        // `stale_fence` is: the service doing its job, not failing at it.
+        (409, Some(code @ ("lock_lost" | "stale_fence" | "stock_changed"))) => {
+            Outcome::Refused(code.to_owned())
+        }
         (_, Some(code)) => Outcome::Error(code.to_owned()),
         (status, None) => Outcome::Error(format!("http_{status}")),
     }
@@ -686,6 +716,7 @@ fn summarize(
 ) -> StrategyReport {
     let (mut sold, mut sold_out, mut refused, mut errors) = (0, 0, 0, 0);
     let mut error_kinds = BTreeMap::new();
+    let mut refused_kinds = BTreeMap::new();
     let mut instances = BTreeMap::new();
     let mut latencies = Vec::with_capacity(results.len());
     let mut tallies = vec![items::Tally::default(); audits.len()];
@@ -702,7 +733,10 @@ fn summarize(
                     .or_insert(0) += 1;
             }
             Outcome::SoldOut => sold_out += 1,
-            Outcome::Refused => refused += 1,
+            Outcome::Refused(kind) => {
+                refused += 1;
+                *refused_kinds.entry(kind).or_insert(0) += 1;
+            }
             Outcome::Error(kind) => {
                 errors += 1;
                 tally.errors += 1;
@@ -724,7 +758,7 @@ fn summarize(
     // evidence only when sales were made as asked.
     let verdict = if per_item.iter().any(|i| i.verdict == Verdict::Oversold) {
         Verdict::Oversold
-    } else if inconclusive(sold, errors, &error_kinds).is_some() {
+    } else if inconclusive(sold, (errors, &error_kinds), (refused, &refused_kinds)).is_some() {
         Verdict::Inconclusive
     } else {
         Verdict::Safe
@@ -736,6 +770,7 @@ fn summarize(
         sold,
         sold_out,
         refused,
+        refused_kinds,
         errors,
         error_kinds,
         oversold: per_item.iter().map(|i| i.oversold).sum(),
@@ -834,14 +869,12 @@ mod tests {
             classify(409, &body("sold_out"), None),
             Outcome::SoldOut
         ));
-        assert!(matches!(
-            classify(409, &body("stale_fence"), None),
-            Outcome::Refused
-        ));
-        assert!(matches!(
-            classify(409, &body("lock_lost"), None),
-            Outcome::Refused
-        ));
+        for code in ["stale_fence", "lock_lost", "stock_changed"] {
+            assert!(
+                matches!(classify(409, &body(code), None), Outcome::Refused(k) if k == code),
+                "{code}"
+            );
+        }
         assert!(
             matches!(classify(503, &body("lock_timeout"), None), Outcome::Error(k) if k == "lock_timeout")
         );
@@ -1078,6 +1111,54 @@ mod tests {
         let report = summarize(fenced(), 5, results, ms(1), &[audit("001", 5, 6, 0)]);
         assert_eq!(report.verdict, Verdict::Oversold, "{report:#?}");
         assert_eq!(report.inconclusive(), None);
+    }
+
+    #[test]
+    fn stock_changed_is_a_refusal_not_an_error_and_refusals_alone_prove_nothing() {
+        let body = br#"{"error":"stock_changed","message":"m"}"#;
+        let changed = || classify(409, body, None);
+        let mut results = sales(0, 4, sold("app1"));
+        results.extend(sales(0, 2, changed()));
+        results.extend(sales(0, 1, Outcome::Refused("stale_fence".into())));
+        let report = summarize(fenced(), 5, results, ms(1), &[audit("001", 5, 4, 1)]);
+        assert_eq!((report.refused, report.errors), (3, 0), "{report:#?}");
+        assert_eq!(
+            report.refused_kinds,
+            [("stale_fence".into(), 1), ("stock_changed".into(), 2)].into()
+        );
+        assert!(report.error_kinds.is_empty(), "{report:#?}");
+        assert_eq!(report.verdict, Verdict::Safe, "{report:#?}");
+        assert!(report.agrees, "a refusal sold nothing unseen: {report:#?}");
+
+        // Nothing sold and every answer a refusal: no two sales ever raced, so SAFE would
+        // claim what the run never tested.
+        let report = summarize(
+            fenced(),
+            5,
+            sales(0, 3, changed()),
+            ms(1),
+            &[audit("001", 5, 0, 5)],
+        );
+        assert_eq!(report.verdict, Verdict::Inconclusive, "{report:#?}");
+        assert_eq!(
+            report.verdict_text(),
+            "INCONCLUSIVE: nothing sold; 3 refused (stock_changed: 3)"
+        );
+        let read: StrategyReport =
+            serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
+        assert_eq!(
+            read.inconclusive(),
+            report.inconclusive(),
+            "said by the line"
+        );
+
+        let mut results = sales(0, 1, changed());
+        results.extend(sales(0, 2, Outcome::Error("lock_timeout".into())));
+        let report = summarize(fenced(), 5, results, ms(1), &[audit("001", 5, 0, 5)]);
+        assert_eq!(
+            report.inconclusive().as_deref(),
+            Some("nothing sold; 2 requests failed (lock_timeout: 2), 1 refused (stock_changed: 1)")
+        );
     }
 
     #[test]

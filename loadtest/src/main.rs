@@ -1,7 +1,7 @@
 //! `loadtest`: resets the stock, fires the sales, reads the audit, for each strategy; prints
 //! a comparison and exits 2 when a strategy that should be safe oversold, else 3 when a
-//! strategy's run was INCONCLUSIVE (nothing sold while requests failed, or requests refused
-//! as wrong): a run that proved nothing must not pass a script's check.
+//! strategy's run was INCONCLUSIVE (nothing sold while requests failed or were refused, or
+//! requests refused as wrong): a run that proved nothing must not pass a script's check.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
