@@ -16,7 +16,9 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 
-/// Where the connections go: `http://host:port`, with any path prefix kept.
+/// Where the connections go: `http://host:port`, with any path prefix kept. Every request
+/// of the tool is addressed through it ([`Target::url`] for the other client), so sales,
+/// resets, audits and `--health` all go under the same prefix.
 #[derive(Debug, Clone)]
 pub struct Target {
     host: String,
@@ -48,12 +50,42 @@ impl Target {
         if uri.query().is_some() {
             bail!("a target has no query; the generator adds each request's own");
         }
+        // hyper drops a fragment and sends dot segments and quotes as written, where reqwest
+        // (resets, audits) would take the fragment off the path, resolve the dots and
+        // percent-encode the quotes: the two halves of a run would reach different paths.
+        // A prefix of plain segments means the same to both.
+        let prefix = uri.path().trim_end_matches('/');
+        let plain = |segment: &str| {
+            !segment.is_empty()
+                && segment != "."
+                && segment != ".."
+                && segment
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b))
+        };
+        if url.contains('#') || !prefix.split('/').skip(1).all(plain) {
+            bail!(
+                "the target's path is not a plain prefix; valid: http://host:port, or \
+                 http://host:port/prefix with segments of letters, digits and - . _ ~ \
+                 (every request goes under the prefix)"
+            );
+        }
         Ok(Self {
             host: authority.host().trim_matches(['[', ']']).to_owned(),
             port: authority.port_u16().unwrap_or(80),
             authority: authority.as_str().to_owned(),
-            prefix: uri.path().trim_end_matches('/').to_owned(),
+            prefix: prefix.to_owned(),
         })
+    }
+
+    /// The URL of `path` (which starts with `/`) under the target's prefix, for requests
+    /// that do not go over a [`Conn`]: the same path that a `Conn` sends.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.authority, self.path(path))
+    }
+
+    fn path(&self, path: &str) -> String {
+        format!("{}{path}", self.prefix)
     }
 }
 
@@ -142,7 +174,7 @@ impl Conn {
         loop {
             let request = Request::builder()
                 .method(method.clone())
-                .uri(format!("{}{path}", self.target.prefix))
+                .uri(self.target.path(path))
                 .header(hyper::header::HOST, &self.target.authority)
                 .body(Empty::new())
                 .map_err(|_| Failure::Transport)?;
@@ -370,6 +402,31 @@ mod tests {
             (t.host.as_str(), t.port, t.prefix.as_str()),
             ("nginx", 80, "/shop")
         );
+        assert_eq!(t.url("/inventory"), "http://nginx/shop/inventory");
+        assert_eq!(t.path("/health"), "/shop/health");
+        let t = Target::parse("http://127.0.0.1:8080/a/shop-1.v_2~").expect("plain segments");
+        assert_eq!(
+            t.url("/inventory/audit"),
+            "http://127.0.0.1:8080/a/shop-1.v_2~/inventory/audit"
+        );
+        for unclear in [
+            "http://127.0.0.1:8080/shop#top",
+            "http://127.0.0.1:8080/#top",
+            "http://127.0.0.1:8080/a/../shop",
+            "http://127.0.0.1:8080/./shop",
+            "http://127.0.0.1:8080/a//shop",
+            "http://127.0.0.1:8080/sh%6Fp",
+            "http://127.0.0.1:8080/%2e%2e/shop",
+            "http://127.0.0.1:8080/a\"b",
+            "http://127.0.0.1:8080/{shop}",
+        ] {
+            let e = Target::parse(unclear).err().map(|e| e.to_string());
+            let e = e.unwrap_or_else(|| panic!("{unclear} was taken"));
+            assert!(
+                e.contains("valid: http://host:port, or http://host:port/prefix"),
+                "{unclear}: {e}"
+            );
+        }
         let t = Target::parse("http://[::1]:9000").expect("an IPv6 target");
         assert_eq!((t.host.as_str(), t.port), ("::1", 9000));
         for bad in [

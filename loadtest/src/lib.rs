@@ -570,7 +570,7 @@ impl LoadTest {
         let send = || {
             let request = self
                 .http
-                .put(format!("{}{path}", self.plan.target))
+                .put(self.target.url(path))
                 .json(&serde_json::json!({ "stock": self.plan.stock }));
             match &self.plan.admin_token {
                 Some(token) => request.bearer_auth(token),
@@ -601,7 +601,7 @@ impl LoadTest {
     /// ends during a failover, with Redis restarting or with nginx holding the instances
     /// down still gets its books once the service is back.
     async fn audit(&self, path: &str) -> anyhow::Result<Audit> {
-        let url = format!("{}{path}/audit", self.plan.target);
+        let url = self.target.url(&format!("{path}/audit"));
         let response = until_not_passing(|| self.http.get(&url))
             .await
             .context("cannot read the audit")?;
