@@ -7,7 +7,9 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
 use inventory::lock::Strategy;
 use loadtest::tool::seconds;
@@ -83,16 +85,81 @@ struct Args {
     admin_token: Option<String>,
 }
 
-fn parse_strategies(list: &str) -> Result<Vec<Strategy>, String> {
-    if list.trim().eq_ignore_ascii_case("all") {
-        return Ok(Strategy::ALL.to_vec());
+/// The strategies `--strategy` names, each once, in the order first named; and a line for
+/// each strategy named more than once. Aliases name their strategy (`v8` is `watchdog`), so
+/// `v8,watchdog` would otherwise run the same lock twice and print two rows of it.
+fn parse_strategies(list: &str) -> Result<(Vec<Strategy>, Vec<String>), String> {
+    let mut named: Vec<(Strategy, Vec<&str>)> = Vec::new();
+    for name in list.split(',') {
+        let found = if name.trim().eq_ignore_ascii_case("all") {
+            Strategy::ALL.to_vec()
+        } else {
+            vec![name.parse()?]
+        };
+        for strategy in found {
+            match named.iter_mut().find(|(s, _)| *s == strategy) {
+                Some((_, spellings)) => spellings.push(name.trim()),
+                None => named.push((strategy, vec![name.trim()])),
+            }
+        }
     }
-    list.split(',').map(str::parse).collect()
+    let notes = named
+        .iter()
+        .filter(|(_, spellings)| spellings.len() > 1)
+        .map(|(strategy, spellings)| {
+            format!(
+                "--strategy names {strategy} {} times ({}); it runs once",
+                spellings.len(),
+                spellings.join(", ")
+            )
+        })
+        .collect();
+    Ok((named.into_iter().map(|(s, _)| s).collect(), notes))
+}
+
+/// What `--health` takes besides itself: it measures `GET /health` only.
+const HEALTH_TAKES: [&str; 4] = ["target", "duration", "concurrency", "json"];
+
+/// The options given on the command line that `--health` has no use for, as `--name`s; none
+/// without `--health`. Environment variables (`ADMIN_TOKEN`, `REDIS_MASTER_NAME`) are not
+/// counted: they are set for the sales runs of the same shell, not for this one.
+fn health_conflicts(matches: &clap::ArgMatches) -> Vec<String> {
+    if !matches.get_flag("health") {
+        return Vec::new();
+    }
+    Args::command()
+        .get_arguments()
+        .filter(|arg| !HEALTH_TAKES.contains(&arg.get_id().as_str()) && arg.get_id() != "health")
+        .filter(|arg| matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine))
+        .map(|arg| format!("--{}", arg.get_long().unwrap_or(arg.get_id().as_str())))
+        .collect()
+}
+
+/// The arguments, or clap's own error and exit status 2: for a wrong value, and for options
+/// that `--health` would otherwise ignore without a word (a `--report` never written).
+fn parse_args() -> Args {
+    let matches = Args::command().get_matches();
+    let conflicts = health_conflicts(&matches);
+    if !conflicts.is_empty() {
+        Args::command()
+            .error(ErrorKind::ArgumentConflict, health_refusal(&conflicts))
+            .exit();
+    }
+    Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+fn health_refusal(conflicts: &[String]) -> String {
+    let takes: Vec<String> = HEALTH_TAKES.iter().map(|t| format!("--{t}")).collect();
+    format!(
+        "--health measures GET /health only and cannot be combined with {}; with --health, give only {}",
+        conflicts.join(", "),
+        takes.join(", ")
+    )
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = parse_args();
     match run(args).await {
         Ok(reports) if reports.iter().any(StrategyReport::is_unexpected_oversell) => {
             ExitCode::from(2)
@@ -109,7 +176,10 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
-    let strategies = parse_strategies(&args.strategy).map_err(anyhow::Error::msg)?;
+    let (strategies, notes) = parse_strategies(&args.strategy).map_err(anyhow::Error::msg)?;
+    for note in notes {
+        eprintln!("loadtest: {note}");
+    }
     let duration = args
         .duration
         .map(|s| seconds("--duration", s, false))
@@ -237,6 +307,81 @@ mod tests {
         let args = Args::try_parse_from(["loadtest", "--items", "10000"]).unwrap();
         assert_eq!(args.items, 10_000);
         assert_eq!(Args::try_parse_from(["loadtest"]).unwrap().items, 1);
+    }
+
+    #[test]
+    fn a_strategy_named_twice_runs_once_whatever_its_spelling_and_says_so() {
+        let watchdog: Strategy = "watchdog".parse().unwrap();
+        let fenced: Strategy = "fenced".parse().unwrap();
+        let (strategies, notes) = parse_strategies("v8,fenced, WATCHDOG ,Fenced,v8").unwrap();
+        assert_eq!(strategies, [watchdog, fenced]);
+        assert_eq!(
+            notes,
+            [
+                "--strategy names watchdog 3 times (v8, WATCHDOG, v8); it runs once",
+                "--strategy names fenced 2 times (fenced, Fenced); it runs once",
+            ]
+        );
+        let (strategies, notes) = parse_strategies("fenced,all").unwrap();
+        assert_eq!(strategies.len(), Strategy::ALL.len());
+        assert_eq!(strategies[0], fenced, "the order first named");
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        let (strategies, notes) = parse_strategies("v1,v8").unwrap();
+        assert_eq!(strategies.len(), 2);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert!(parse_strategies("v8,v9").is_err());
+    }
+
+    fn conflicts(args: &[&str]) -> Vec<String> {
+        let matches = Args::command()
+            .try_get_matches_from(std::iter::once("loadtest").chain(args.iter().copied()))
+            .unwrap();
+        health_conflicts(&matches)
+    }
+
+    #[test]
+    fn health_refuses_the_options_it_would_ignore_and_takes_its_own() {
+        assert_eq!(
+            conflicts(&[
+                "--health",
+                "--report",
+                "r.html",
+                "--requests",
+                "5",
+                "--items=3"
+            ]),
+            ["--requests", "--items", "--report"]
+        );
+        for ignored in [
+            &["--stock", "5"][..],
+            &["--work-ms", "5"],
+            &["--strategy", "fenced"],
+            &["--admin-token", "t"],
+            &["--master-name", "m"],
+            &["--sentinel", "h:1", "--failover-after", "1"],
+        ] {
+            let mut args = vec!["--health"];
+            args.extend(ignored);
+            assert!(!conflicts(&args).is_empty(), "{args:?} was taken");
+        }
+        let own = [
+            "--health",
+            "--target",
+            "http://127.0.0.1:1",
+            "--duration",
+            "1",
+            "--concurrency",
+            "2",
+            "--json",
+        ];
+        assert!(conflicts(&own).is_empty());
+        assert!(conflicts(&["--report", "r.html", "--items", "3"]).is_empty());
+        let refusal = health_refusal(&["--report".into()]);
+        assert!(refusal.contains("combined with --report;"), "{refusal}");
+        assert!(
+            refusal.ends_with("give only --target, --duration, --concurrency, --json"),
+            "{refusal}"
+        );
     }
 
     #[test]
