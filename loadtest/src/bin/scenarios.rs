@@ -58,6 +58,63 @@ fn scenario_arg(name: &str) -> Result<Option<Fault>, String> {
     }
 }
 
+/// The rows of the `wanted` scenarios (every one for `None`) that run `only` (both rows for
+/// `None`). A scenario named without a row for `only` is refused rather than skipped, with
+/// the strategies it has rows for: the user asked for a run that does not exist.
+fn select(wanted: Option<&[Fault]>, only: Option<Strategy>) -> Result<Vec<Row>, String> {
+    let rows: Vec<Row> = scenarios::rows()
+        .into_iter()
+        .filter(|row| wanted.is_none_or(|w| w.contains(&row.fault)))
+        .collect();
+    let Some(only) = only else {
+        return Ok(rows);
+    };
+    let has_row = |fault: Fault| {
+        rows.iter()
+            .any(|r| r.fault == fault && r.strategy() == only)
+    };
+    let missing: Vec<String> = wanted
+        .unwrap_or_default()
+        .iter()
+        .filter(|&&fault| !has_row(fault))
+        .map(|&fault| {
+            format!(
+                "scenario {fault} has no row for {only}; valid --strategy for it: {}",
+                strategies(rows.iter().filter(|r| r.fault == fault))
+            )
+        })
+        .collect();
+    if !missing.is_empty() {
+        let mut missing = missing;
+        missing.dedup();
+        return Err(missing.join("; "));
+    }
+    let chosen: Vec<Row> = rows
+        .iter()
+        .copied()
+        .filter(|row| row.strategy() == only)
+        .collect();
+    if chosen.is_empty() {
+        return Err(format!(
+            "no scenario has a row for {only}; valid --strategy: {}",
+            strategies(rows.iter())
+        ));
+    }
+    Ok(chosen)
+}
+
+/// The strategies of `rows`, each once, in the rows' order.
+fn strategies<'a>(rows: impl Iterator<Item = &'a Row>) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    for row in rows {
+        let name = row.strategy().name();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names.join(", ")
+}
+
 async fn run(args: Args) -> anyhow::Result<bool> {
     if args.list {
         for fault in Fault::ALL {
@@ -73,10 +130,6 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
         return Ok(true);
     }
-    let bin = match args.inventory_bin {
-        Some(path) => path,
-        None => testkit::inventory_binary()?,
-    };
     // `all` anywhere in the list means every scenario.
     let wanted: Option<Vec<Fault>> = args.scenario.iter().copied().collect();
     let only: Option<Strategy> = args
@@ -85,12 +138,12 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         .map(str::parse)
         .transpose()
         .map_err(anyhow::Error::msg)?;
-    let rows: Vec<_> = scenarios::rows()
-        .into_iter()
-        .filter(|row| wanted.as_ref().is_none_or(|w| w.contains(&row.fault)))
-        .filter(|row| only.is_none_or(|o| o == row.strategy()))
-        .collect();
-    anyhow::ensure!(!rows.is_empty(), "no scenario matches");
+    // Before the binary is looked for: a wrong row is the answer, whatever is installed.
+    let rows = select(wanted.as_deref(), only).map_err(anyhow::Error::msg)?;
+    let bin = match args.inventory_bin {
+        Some(path) => path,
+        None => testkit::inventory_binary()?,
+    };
 
     let mut runs = Vec::new();
     for row in rows {
@@ -150,4 +203,70 @@ fn print_table(runs: &[Run]) {
     }
     let ok = runs.iter().filter(|r| r.ok).count();
     println!("\n{ok} of {} runs ok", runs.len());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strategy(name: &str) -> Option<Strategy> {
+        Some(name.parse().expect("a strategy"))
+    }
+
+    #[test]
+    fn a_row_that_does_not_exist_is_refused_naming_the_scenarios_strategies() {
+        let pause: Fault = "process-pause".parse().unwrap();
+        let e = select(Some(&[pause]), strategy("atomic")).unwrap_err();
+        assert_eq!(
+            e,
+            "scenario process-pause has no row for atomic; valid --strategy for it: watchdog, fenced"
+        );
+        // Named with one that has the row, the one without is still refused, not skipped.
+        let two: Fault = "two-instances".parse().unwrap();
+        let e = select(Some(&[two, pause]), strategy("local")).unwrap_err();
+        assert!(
+            e.starts_with("scenario process-pause has no row for local;"),
+            "{e}"
+        );
+        assert!(!e.contains("two-instances"), "{e}");
+        let rows = select(Some(&[pause]), strategy("v8")).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].strategy().name(), "watchdog");
+        assert_eq!(select(Some(&[pause]), None).unwrap().len(), 2);
+        // Both failover rows are fenced, told apart by REPLICA_ACKS: the strategy once.
+        let failover: Fault = "failover".parse().unwrap();
+        let e = select(Some(&[failover]), strategy("atomic")).unwrap_err();
+        assert!(e.ends_with("valid --strategy for it: fenced"), "{e}");
+        assert_eq!(
+            select(Some(&[failover]), strategy("fenced")).unwrap().len(),
+            2
+        );
+    }
+
+    #[test]
+    fn every_scenario_runs_the_rows_of_the_strategy() {
+        let fenced = select(None, strategy("fenced")).unwrap();
+        assert!(fenced.len() > 1, "{fenced:?}");
+        assert!(fenced.iter().all(|r| r.strategy().name() == "fenced"));
+        assert_eq!(select(None, None).unwrap().len(), scenarios::rows().len());
+        // Every strategy has a row today; one added without any would be refused by name.
+        for s in Strategy::ALL {
+            assert!(!select(None, Some(s)).unwrap().is_empty(), "{s}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_scenario_is_refused_naming_the_valid_ones() {
+        let e = Args::try_parse_from(["scenarios", "--scenario", "process-paus"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown scenario \"process-paus\"; valid: "),
+            "{e}"
+        );
+        for fault in Fault::ALL {
+            assert!(e.contains(fault.name()), "{e}");
+        }
+        assert!(e.contains("or all"), "{e}");
+    }
 }
