@@ -11,6 +11,12 @@ const HEADERS: [&str; 15] = [
     "split", "sales/s", "req/s", "p50 ms", "p99 ms", "verdict",
 ];
 
+/// The verdict with its reason, as a cell of a Markdown table (the failover and cluster
+/// tables): a `|` in it, which an error kind from the server could carry, would end the cell.
+pub fn markdown_verdict(r: &StrategyReport) -> String {
+    r.verdict_text().replace('|', "\\|")
+}
+
 pub fn render(reports: &[StrategyReport]) -> String {
     let rows: Vec<[String; 15]> = reports.iter().map(row).collect();
     let mut widths = HEADERS.map(str::len);

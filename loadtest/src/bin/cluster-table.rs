@@ -113,16 +113,28 @@ async fn rows(args: &Args, redis: &str, stack: &Stack) -> anyhow::Result<()> {
                 .iter()
                 .map(|n| format!("{:.0}%", 100.0 * *n as f64 / total as f64))
                 .collect();
-            println!(
-                "| {redis} | {strategy} | {items} | {:.0} | {:.1} | {} | {} |",
-                r.sales_per_s,
-                r.latency_ms.p99,
-                shares.join(" / "),
-                r.verdict
-            );
+            println!("{}", line(redis, strategy, items, &shares, &r));
         }
     }
     Ok(())
+}
+
+/// One row of the table; an INCONCLUSIVE verdict with its reason, which the table has no
+/// other place for.
+fn line(
+    redis: &str,
+    strategy: Strategy,
+    items: usize,
+    shares: &[String],
+    r: &loadtest::StrategyReport,
+) -> String {
+    format!(
+        "| {redis} | {strategy} | {items} | {:.0} | {:.1} | {} | {} |",
+        r.sales_per_s,
+        r.latency_ms.p99,
+        shares.join(" / "),
+        loadtest::table::markdown_verdict(r)
+    )
 }
 
 /// Commands each master has run since it started (`INFO commandstats`, but not `INFO`).
@@ -140,4 +152,41 @@ async fn commands(masters: &[u16]) -> anyhow::Result<Vec<u64>> {
         counts.push(parse_commandstats(&info).values().sum());
     }
     Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report of `fenced` that sold nothing, every request failing with `kind`.
+    fn failed(kind: &str) -> loadtest::StrategyReport {
+        serde_json::from_value(serde_json::json!({
+            "strategy": "fenced", "stock": 1_000_000_000, "requests": 4, "sold": 0,
+            "sold_out": 0, "refused": 0, "errors": 4, "error_kinds": {kind: 4},
+            "oversold": 0, "lost_updates": 0, "duplicates": 0, "remaining": 1_000_000_000,
+            "audit_sales": 0, "instances": {}, "duration_s": 1.0, "throughput_rps": 4.0,
+            "sales_per_s": 0.0, "latency_ms": {"p50": 1.0, "p90": 1.0, "p99": 1.0, "max": 1.0},
+            "agrees": true, "verdict": "INCONCLUSIVE"
+        }))
+        .expect("a report")
+    }
+
+    #[test]
+    fn an_inconclusive_row_says_why() {
+        let atomic: Strategy = "atomic".parse().unwrap();
+        let shares = ["100%".to_owned(), "0%".to_owned(), "0%".to_owned()];
+        let row = line(
+            "cluster, 3 masters",
+            atomic,
+            64,
+            &shares,
+            &failed("redis_unavailable"),
+        );
+        assert!(
+            row.ends_with(
+                "| 100% / 0% / 0% | INCONCLUSIVE: nothing sold; 4 requests failed (redis_unavailable: 4) |"
+            ),
+            "{row}"
+        );
+    }
 }
