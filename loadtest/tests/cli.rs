@@ -1,0 +1,358 @@
+//! The command-line tools as a user runs them: real `loadtest` and `scenarios` processes
+//! against a real `redis-server`, `inventory` instance and nginx, with their exit statuses
+//! and what they print.
+
+// A panic is how a test reports a failure.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use testkit::fixture::{Instance, InstanceBuilder, RedisServer};
+use tokio::process::Command;
+
+async fn run(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(bin);
+    command.args(args);
+    // The tests' own environment must not choose a target or a token for them.
+    for var in ["LOADTEST_TARGET", "ADMIN_TOKEN", "REDIS_MASTER_NAME"] {
+        command.env_remove(var);
+    }
+    command.envs(env.iter().copied());
+    tokio::time::timeout(Duration::from_secs(120), command.output())
+        .await
+        .expect("the tool ends within two minutes")
+        .expect("the tool runs")
+}
+
+async fn loadtest(args: &[&str]) -> Output {
+    run(env!("CARGO_BIN_EXE_loadtest"), args, &[]).await
+}
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn json_lines(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect()
+}
+
+async fn instance() -> (RedisServer, Instance) {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1").start().await;
+    (redis, app)
+}
+
+fn target(app: &Instance) -> String {
+    format!("http://127.0.0.1:{}", app.port)
+}
+
+#[tokio::test]
+async fn health_refuses_options_it_would_ignore_before_sending_anything() {
+    // Whatever connects here was sent something; the refusal must come first.
+    let witness = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    witness.set_nonblocking(true).unwrap();
+    let to = format!("http://127.0.0.1:{}", witness.local_addr().unwrap().port());
+    let report = std::env::temp_dir().join(format!("health-{}.html", std::process::id()));
+    let output = loadtest(&[
+        "--health",
+        "--target",
+        &to,
+        "--duration",
+        "0.2",
+        "--report",
+        report.to_str().unwrap(),
+        "--requests",
+        "5",
+        "--items",
+        "3",
+        "--stock",
+        "4",
+        "--work-ms",
+        "1",
+    ])
+    .await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(
+            "--health measures GET /health only and cannot be combined with \
+             --stock, --requests, --items, --work-ms, --report; \
+             with --health, give only --target, --duration, --concurrency, --json"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        matches!(witness.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a request was sent"
+    );
+    assert!(!report.exists(), "a report was written");
+}
+
+#[tokio::test]
+async fn health_runs_with_its_own_options_and_a_token_from_the_environment() {
+    let (_redis, app) = instance().await;
+    let to = target(&app);
+    let args = [
+        "--health",
+        "--target",
+        &to,
+        "--duration",
+        "0.3",
+        "--concurrency",
+        "2",
+        "--json",
+    ];
+    // The environment serves the sales runs of the same shell: not a conflict.
+    let output = run(
+        env!("CARGO_BIN_EXE_loadtest"),
+        &args,
+        &[("ADMIN_TOKEN", "secret"), ("REDIS_MASTER_NAME", "m")],
+    )
+    .await;
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let lines = json_lines(&stdout);
+    assert_eq!(lines.len(), 1, "{stdout}");
+    assert!(lines[0]["requests"].as_u64().unwrap() > 0, "{stdout}");
+    assert_eq!(lines[0]["errors"], 0, "{stdout}");
+}
+
+#[tokio::test]
+async fn a_strategy_named_twice_by_its_alias_runs_once_and_says_so() {
+    let (_redis, app) = instance().await;
+    let to = target(&app);
+    let output = loadtest(&[
+        "--target",
+        &to,
+        "--strategy",
+        "v8,watchdog,V8",
+        "--stock",
+        "3",
+        "--requests",
+        "6",
+        "--concurrency",
+        "2",
+        "--json",
+    ])
+    .await;
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let lines = json_lines(&stdout);
+    let ran: Vec<&str> = lines
+        .iter()
+        .map(|l| l["strategy"].as_str().unwrap())
+        .collect();
+    assert_eq!(ran, ["watchdog"], "{stdout}");
+    assert_eq!(
+        (lines[0]["sold"].as_u64(), lines[0]["requests"].as_u64()),
+        (Some(3), Some(6))
+    );
+    assert!(
+        stderr.contains("--strategy names watchdog 3 times (v8, watchdog, V8); it runs once"),
+        "{stderr}"
+    );
+}
+
+/// nginx serving the instance at `/shop/` only, logging every request line it gets.
+struct PrefixProxy {
+    _nginx: testkit::ProcessGroup,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl PrefixProxy {
+    async fn start(upstream: u16) -> Self {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("prefix-nginx-{}-{upstream}", std::process::id()));
+        std::fs::create_dir_all(dir.join("tmp")).unwrap();
+        let port = testkit::free_port().unwrap();
+        let d = dir.display();
+        let conf = format!(
+            "worker_processes 1;\n\
+             pid {d}/nginx.pid;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{\n\
+               log_format line '$request';\n\
+               access_log {d}/access.log line;\n\
+               client_body_temp_path {d}/tmp/body; proxy_temp_path {d}/tmp/proxy;\n\
+               fastcgi_temp_path {d}/tmp/fcgi; uwsgi_temp_path {d}/tmp/uwsgi;\n\
+               scgi_temp_path {d}/tmp/scgi;\n\
+               server {{\n\
+                 listen 127.0.0.1:{port};\n\
+                 location /shop/ {{\n\
+                   proxy_pass http://127.0.0.1:{upstream}/;\n\
+                   proxy_http_version 1.1;\n\
+                   proxy_set_header Connection \"\";\n\
+                 }}\n\
+                 location / {{ return 404; }}\n\
+               }}\n\
+             }}\n"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+        let mut command = Command::new("/usr/sbin/nginx");
+        command
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            // In the foreground, so that it stays in the group that is stopped on drop.
+            .args(["-g", "daemon off;"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let nginx =
+            testkit::ProcessGroup::spawn(&mut command, Signal::SIGQUIT, testkit::DEFAULT_GRACE)
+                .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nginx did not start: {}",
+                std::fs::read_to_string(dir.join("error.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Self {
+            _nginx: nginx,
+            port,
+            dir,
+        }
+    }
+
+    /// The request lines so far (`POST /shop/inventory/sale?... HTTP/1.1`).
+    fn requests(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("access.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Drop for PrefixProxy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn a_target_with_a_prefix_sends_every_request_under_it_and_an_unclear_path_is_refused() {
+    let (_redis, app) = instance().await;
+    let proxy = PrefixProxy::start(app.port).await;
+    let to = format!("http://127.0.0.1:{}/shop/", proxy.port);
+    let output = loadtest(&[
+        "--target",
+        &to,
+        "--strategy",
+        "atomic",
+        "--items",
+        "2",
+        "--stock",
+        "2",
+        "--requests",
+        "8",
+        "--concurrency",
+        "2",
+        "--json",
+    ])
+    .await;
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let line = &json_lines(&stdout)[0];
+    assert_eq!(
+        (line["sold"].as_u64(), line["sold_out"].as_u64()),
+        (Some(4), Some(4)),
+        "{line}"
+    );
+    assert_eq!(line["verdict"], "SAFE", "{line}");
+    let health = loadtest(&["--health", "--target", &to, "--duration", "0.2", "--json"]).await;
+    let (stdout, stderr) = text(&health);
+    assert!(health.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(json_lines(&stdout)[0]["errors"], 0, "{stdout}");
+
+    let seen = proxy.requests();
+    for (what, start) in [
+        ("resets", "PUT /shop/inventory/item-"),
+        ("sales", "POST /shop/inventory/item-"),
+        ("audits", "GET /shop/inventory/item-"),
+        ("health", "GET /shop/health "),
+    ] {
+        assert!(
+            seen.iter().any(|l| l.starts_with(start)),
+            "no {what}: {seen:#?}"
+        );
+    }
+    let outside: Vec<&String> = seen
+        .iter()
+        .filter(|l| !l.split(' ').nth(1).is_some_and(|p| p.starts_with("/shop/")))
+        .collect();
+    assert!(outside.is_empty(), "sent outside the prefix: {outside:#?}");
+
+    // A fragment would reach hyper's sales and reqwest's resets as different paths.
+    let before = proxy.requests().len();
+    for unclear in ["/shop#top", "/a/../shop"] {
+        let to = format!("http://127.0.0.1:{}{unclear}", proxy.port);
+        let output = loadtest(&["--target", &to, "--requests", "2", "--strategy", "atomic"]).await;
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains("valid: http://host:port, or http://host:port/prefix"),
+            "{unclear}: {stderr}"
+        );
+    }
+    assert_eq!(
+        proxy.requests().len(),
+        before,
+        "an unclear target was sent to"
+    );
+}
+
+async fn scenarios(args: &[&str]) -> Output {
+    // A binary that does not exist: the refusal must come before anything is started.
+    let nothing = "/nonexistent/inventory";
+    run(
+        env!("CARGO_BIN_EXE_scenarios"),
+        args,
+        &[("INVENTORY_BIN", nothing)],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn scenarios_refuse_a_row_that_does_not_exist_naming_the_scenarios_strategies() {
+    let output = scenarios(&["--scenario", "process-pause", "--strategy", "atomic"]).await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(
+            "scenario process-pause has no row for atomic; valid --strategy for it: watchdog, fenced"
+        ),
+        "{stderr}"
+    );
+
+    let output = scenarios(&["--scenario", "process-paws"]).await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("unknown scenario \"process-paws\"; valid: two-instances,"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("process-pause") && stderr.contains("or all"),
+        "{stderr}"
+    );
+}
