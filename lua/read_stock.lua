@@ -13,15 +13,23 @@
 --          a holder of the same kind of lock without a token (`watchdog` beside `fenced`)
 --          moves no token when it takes the lock from a paused fenced holder, so only this
 --          count tells the paused one that somebody wrote after its read
+-- KEYS[6]: the newest fencing token seen under the other kind of lock. Both kinds draw from
+--          one counter; a reader whose token is older than one the other kind already
+--          registered would write after it, and the tokens in the ledger would go backwards
 -- ARGV[1]: the reader's fencing token, or '' when the strategy has none
 -- returns: {1, stock, lock-free writes, other-lock writes, this-lock writes} when the token
 --          is current or absent (stock is -1 when the key is missing); {0, newest, 0, 0, 0}
---          when a newer token has been seen: the reader no longer holds the lock
+--          when a newer token has been seen: the reader no longer holds the lock;
+--          {2, 0, 0, 0, 0} when the other kind of lock has seen a newer token (nothing is
+--          registered: the reader's lock is still its own, but it must not write)
 local token = tonumber(ARGV[1])
 if token then
   local newest = tonumber(redis.call('GET', KEYS[2]) or '0')
   if token < newest then
     return {0, newest, 0, 0, 0}
+  end
+  if token < tonumber(redis.call('GET', KEYS[6]) or '0') then
+    return {2, 0, 0, 0, 0}
   end
   if token > newest then
     redis.call('SET', KEYS[2], token)

@@ -447,6 +447,7 @@ impl Seller {
                     newest,
                 });
             }
+            StockRead::Overtaken => return Err(SaleError::StockChanged),
         };
         // The work starts at the read, before anyone hears of it: a process frozen right after
         // this event wakes with its work over, as a process back from a long pause does.

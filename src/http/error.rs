@@ -246,8 +246,10 @@ impl ApiError {
                     ),
                     SaleError::StockChanged => (
                         StatusCode::CONFLICT,
-                        "a writer that takes no lock (an atomic sale or a reset) changed the \
-                         stock while this sale held the lock; nothing was sold"
+                        "a writer that does not take this lock (an atomic or optimistic sale, a \
+                         reset, or a sale under the other kind of lock, single-node against \
+                         quorum) changed the stock or drew a newer fencing token while this sale \
+                         held the lock; nothing was sold"
                             .into(),
                     ),
                     SaleError::OutcomeUnknown(_) => (

@@ -643,6 +643,10 @@ pub enum StockRead {
     },
     /// The store has seen a newer fencing token than the reader's.
     Stale { newest: u64 },
+    /// A sale under the other kind of lock (single-node against quorum: they do not exclude
+    /// each other) registered a newer token: this one would write after it, and the tokens
+    /// in the ledger would go backwards.
+    Overtaken,
 }
 
 impl Store {
@@ -1137,6 +1141,7 @@ impl Store {
                     own_locks,
                 },
             },
+            2 => StockRead::Overtaken,
             _ => StockRead::Stale {
                 newest: value.max(0) as u64,
             },

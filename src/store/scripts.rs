@@ -167,13 +167,15 @@ pub fn draw_fences(keys: &Keys, owner: &str, newest: u64, count: u64) -> ScriptI
 }
 
 /// `{1, stock or -1, lock-free writes, other-lock writes, this-lock writes}`, or `{0,
-/// newest token, 0, 0, 0}` for a stale `fence`.
+/// newest token, 0, 0, 0}` for a stale `fence`, `{2, 0, 0, 0, 0}` for one older than the
+/// other kind of lock has seen.
 pub fn read_stock(keys: &Keys, kind: LockKind, fence: Option<u64>) -> ScriptInvocation<'static> {
     let mut i = READ_STOCK.key(&keys.stock);
     i.key(keys.fence_seen_by(kind))
         .key(&keys.lockfree_writes)
         .key(keys.locked_writes(kind.other()))
         .key(keys.locked_writes(kind))
+        .key(keys.fence_seen_by(kind.other()))
         .arg(fence.map(|f| f.to_string()).unwrap_or_default());
     i
 }

@@ -213,6 +213,8 @@ async fn one_item_sells_the_default_item_with_the_figures_and_fields_of_before()
             "sold",
             "sold_out",
             "refused",
+            // Added with stock_changed counted as a refusal: which refusals, by kind.
+            "refused_kinds",
             "errors",
             "error_kinds",
             "oversold",

@@ -265,6 +265,25 @@ async fn the_fenced_write_refuses_a_token_older_than_the_newest_seen() {
             .unwrap(),
         StockRead::Stale { newest: 8 }
     );
+
+    // A reader of the other kind of lock whose token is older than one a quorum reader
+    // registered would write after it, and the ledger's tokens would go backwards: refused,
+    // and nothing is registered for it. A newer one of its kind reads as before.
+    assert!(matches!(
+        store
+            .read_for_sale(LockKind::Quorum, Some(20))
+            .await
+            .unwrap(),
+        StockRead::Current { .. }
+    ));
+    assert_eq!(
+        store
+            .read_for_sale(LockKind::SingleNode, Some(15))
+            .await
+            .unwrap(),
+        StockRead::Overtaken
+    );
+    assert_eq!(read(&store, Some(21)).await.0, Some(9));
 }
 
 /// What a locked sale under a single-node lock reads: the stock, and what its write hands
@@ -277,6 +296,7 @@ async fn read_as(store: &Store, kind: LockKind, fence: Option<u64>) -> (Option<i
     match store.read_for_sale(kind, fence).await.unwrap() {
         StockRead::Current { stock, seen } => (stock, seen),
         StockRead::Stale { newest } => panic!("stale: {newest}"),
+        StockRead::Overtaken => panic!("overtaken by the other kind of lock"),
     }
 }
 

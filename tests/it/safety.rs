@@ -299,6 +299,73 @@ async fn a_paused_fenced_holder_is_refused_whichever_lock_of_its_kind_took_over(
     );
 }
 
+/// `fenced` and `redlock-fenced` sales mixed on one item, on two instances: the two kinds of
+/// lock do not exclude each other, and both draw their tokens from one counter. In the order
+/// the ledger recorded the sales, the tokens only go up: a sale whose token is older than
+/// one the other kind already registered is refused at its read (409 `stock_changed`)
+/// instead of writing after it. The books balance as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ledgers_fencing_tokens_only_go_up_with_both_kinds_of_fenced_lock_mixed() {
+    let redis = RedisServer::start().await;
+    let nodes = LockNodes::start(3).await;
+    let start = |name: &'static str| {
+        InstanceBuilder::new(&redis, name)
+            .lock_nodes(&nodes)
+            .start()
+    };
+    let apps = [start("app1").await, start("app2").await];
+    apps[0].reset(10_000).await;
+    let mut replies = Vec::new();
+    for round in 0..12 {
+        let sales = (0..32).map(|n| {
+            let strategy = if (n + round) % 2 == 0 {
+                "fenced"
+            } else {
+                "redlock-fenced"
+            };
+            let app = &apps[(n / 2) % 2];
+            let query = format!("strategy={strategy}&work_ms={}", n % 3);
+            async move { app.sale(&query).await }
+        });
+        replies.extend(futures_util::future::join_all(sales).await);
+    }
+    let audit = apps[1].audit().await;
+    assert_books_balance(
+        &replies,
+        &audit,
+        "fenced + redlock-fenced",
+        &["stock_changed"],
+    );
+    let mut c = redis.conn().await;
+    let ledger: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(Keys::new("001").ledger)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let tokens: Vec<(u64, String)> = ledger
+        .iter()
+        .map(|(_, fields)| {
+            let sale: Value = serde_json::from_str(&fields[0].1).unwrap();
+            let strategy = sale["strategy"].as_str().unwrap_or_default().to_owned();
+            (sale["fence"].as_u64().unwrap_or(0), strategy)
+        })
+        .collect();
+    assert!(
+        tokens.len() > 100,
+        "too few sales to show anything: {}",
+        tokens.len()
+    );
+    let backwards: Vec<_> = tokens.windows(2).filter(|w| w[1].0 <= w[0].0).collect();
+    assert!(
+        backwards.is_empty(),
+        "{} steps back, first: {:?}",
+        backwards.len(),
+        backwards.first()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn fencing_tokens_never_go_backwards_and_no_sale_crosses_a_reset_under_load() {
     let cluster = Cluster::start(2, |b| b).await;
