@@ -717,13 +717,13 @@ async fn a_fenced_lock_handed_over_brings_the_tokens_of_its_tenure() {
             .acquire(fenced, &"b:2".into(), deadline(), false)
             .await
             .unwrap();
-        if tenure.is_none() {
+        // A release with nobody waiting parks the lock for one scheduler turn; on a loaded
+        // machine that turn can end before the next acquire, which then goes to Redis and
+        // draws above the whole block. Either way the token goes up; a pass must also take
+        // the block's next one and run no script.
+        let passed = tenure.is_none() && scripts_run(&mut c).await == before;
+        if passed {
             assert_eq!(next.fence(), Some(token + 1), "the block's next token");
-            assert_eq!(
-                scripts_run(&mut c).await,
-                before,
-                "a pass within the tenure ran no script"
-            );
         } else {
             assert!(next.fence() > Some(counter), "{:?}", next.fence());
         }
