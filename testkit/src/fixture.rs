@@ -413,3 +413,20 @@ impl Stack {
             .await
     }
 }
+
+/// Every sale of a ledger (the stream at `key`, `Keys::ledger`), oldest first, as the JSON
+/// object the sale script wrote; an entry that is not JSON fails the test.
+pub async fn ledger<C: redis::aio::ConnectionLike + Send>(c: &mut C, key: &str) -> Vec<Value> {
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(key)
+        .arg("-")
+        .arg("+")
+        .query_async(c)
+        .await
+        .unwrap();
+    entries
+        .into_iter()
+        .flat_map(|(_, fields)| fields)
+        .map(|(_, entry)| serde_json::from_str(&entry).expect("a ledger entry is JSON"))
+        .collect()
+}

@@ -37,14 +37,7 @@ async fn a_sale_reports_what_it_sold_and_who_sold_it() {
 
     let ledger = inventory::store::Keys::new("001").ledger;
     let mut c = cluster.redis.conn().await;
-    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(&ledger)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let first: Value = serde_json::from_str(&entries[0].1[0].1).unwrap();
+    let first = &testkit::fixture::ledger(&mut c, &ledger).await[0];
     assert_eq!(first["order_id"], sold.body["order_id"]);
     assert_eq!(first["instance"], "app1");
     assert_eq!(first["remaining"], 2);

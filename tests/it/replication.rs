@@ -780,17 +780,9 @@ async fn ledger_order_ids(sentinels: &[SentinelProcess]) -> std::collections::Ha
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let ledger: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(Keys::new("001").ledger)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut new_master)
+    testkit::fixture::ledger(&mut new_master, &Keys::new("001").ledger)
         .await
-        .unwrap();
-    ledger
         .into_iter()
-        .flat_map(|(_, fields)| fields)
-        .filter_map(|(_, entry)| serde_json::from_str::<serde_json::Value>(&entry).ok())
         .filter_map(|entry| entry["order_id"].as_str().map(str::to_owned))
         .collect()
 }

@@ -8,7 +8,9 @@ use inventory::lock::Strategy;
 use inventory::store::{Keys, Store};
 use redis::AsyncCommands;
 use serde_json::Value;
-use testkit::fixture::{Cluster, Instance, InstanceBuilder, LockNodes, RedisServer, Reply, Stack};
+use testkit::fixture::{
+    Cluster, Instance, InstanceBuilder, LockNodes, RedisServer, Reply, Stack, ledger,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -337,17 +339,10 @@ async fn the_ledgers_fencing_tokens_only_go_up_with_both_kinds_of_fenced_lock_mi
         &["stock_changed"],
     );
     let mut c = redis.conn().await;
-    let ledger: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(Keys::new("001").ledger)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut c)
+    let tokens: Vec<(u64, String)> = ledger(&mut c, &Keys::new("001").ledger)
         .await
-        .unwrap();
-    let tokens: Vec<(u64, String)> = ledger
         .iter()
-        .map(|(_, fields)| {
-            let sale: Value = serde_json::from_str(&fields[0].1).unwrap();
+        .map(|sale| {
             let strategy = sale["strategy"].as_str().unwrap_or_default().to_owned();
             (sale["fence"].as_u64().unwrap_or(0), strategy)
         })
