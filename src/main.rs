@@ -5,6 +5,9 @@ use tracing_subscriber::EnvFilter;
 
 use inventory::config::{Config, LogFormat};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     if config.openapi {
