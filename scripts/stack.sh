@@ -360,6 +360,9 @@ up() {
   fi
   for svc in $services; do
     running "$svc" && continue
+    # Its leader is gone, but what it forked may still run: nginx's workers outlive a
+    # master killed alone and keep its port, so that the new master could not bind it.
+    clear_leftovers "$svc"
     port=$(port_of "$svc")
     if listening "$port"; then
       die "port $port (for $svc) is taken by another process; stop it or set ${svc^^}_PORT"
@@ -465,19 +468,42 @@ stop_service() {
   echo "$svc stopped"
 }
 
+# The command name of a service's processes (at most 15 characters, as the kernel keeps it).
+process_name() {
+  case $1 in
+    nginx) echo nginx ;;
+    app1 | app2) basename "$INVENTORY_BIN" | cut -c1-15 ;;
+    *) echo redis ;;
+  esac
+}
+
+# The processes left of a service whose leader died (its pid file remains): killed, and the
+# pid file removed. Nothing to do for a service that was stopped, or never started.
+clear_leftovers() {
+  local svc=$1 file pid left
+  file=$(pidfile "$svc")
+  [ -s "$file" ] || return 0
+  pid=$(cat "$file")
+  alive "$pid" && return 0
+  left=$(members "$pid" "$(process_name "$svc")")
+  if [ -n "$left" ]; then
+    echo "$svc: its leader (pid $pid) is gone; stopping what is left of it (pid(s) $(paste -sd" " <<<"$left"))"
+    stop_service "$svc" KILL "$(process_name "$svc")" >/dev/null || die "$svc: pid(s) $left survived SIGKILL"
+  fi
+  rm -f "$file"
+}
+
 down() {
   # Every service that has a pid file, whatever the topology: what was started is stopped,
   # also after a topology was changed by hand. nginx stops with SIGQUIT, its graceful stop
   # (finish the requests in flight); SIGTERM would be its fast one.
-  local status=0 app svc
-  # A command name is at most 15 characters.
-  app=$(basename "$INVENTORY_BIN" | cut -c1-15)
+  local status=0 svc signal
   for svc in "${all_services[@]}"; do
     case $svc in
-      nginx) stop_service nginx QUIT nginx || status=1 ;;
-      app1 | app2) stop_service "$svc" TERM "$app" || status=1 ;;
-      *) stop_service "$svc" TERM redis || status=1 ;;
+      nginx) signal=QUIT ;;
+      *) signal=TERM ;;
     esac
+    stop_service "$svc" "$signal" "$(process_name "$svc")" || status=1
   done
   if [ $status = 0 ]; then
     # What the sentinels and the cluster nodes learnt belongs to the processes just

@@ -288,6 +288,98 @@ async fn the_native_stack_starts_twice_harmlessly_and_stops_without_leftovers() 
     }
 }
 
+/// The pids whose parent is `parent`.
+fn children(parent: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split(' ').nth(1).map(|p| p == parent))
+                    .unwrap_or(false)
+            })
+        })
+        .collect()
+}
+
+/// Every service's leader killed at once (a `kill -9` of the whole stack, an OOM kill):
+/// `up` must bring back a stack that answers, and leave nothing of the old one running.
+/// nginx's workers outlive their master and keep its port, so a new master could not bind.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_native_stack_comes_back_with_up_after_every_leader_was_killed() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let ports = native::free_ports();
+    let script = repo_path("scripts/stack.sh");
+    let _down = native::DownOnDrop {
+        script: &script,
+        run_dir: run_dir.path(),
+        inventory: env!("CARGO_BIN_EXE_inventory").as_ref(),
+    };
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let first = stack_script(run_dir.path(), ports, "up");
+    assert!(first.status.success(), "{}", text(&first));
+    let leaders: Vec<String> = native::pid_files(run_dir.path())
+        .iter()
+        .map(|file| std::fs::read_to_string(file).unwrap().trim().to_owned())
+        .collect();
+    let nginx_master = leaders.last().unwrap().clone();
+    let workers = children(&nginx_master);
+    assert!(!workers.is_empty(), "nginx {nginx_master} has no workers");
+    for pid in &leaders {
+        let pid = nix::unistd::Pid::from_raw(pid.parse().unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    }
+    for _ in 0..100 {
+        if leaders.iter().all(|p| !alive(p)) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(leaders.iter().all(|p| !alive(p)), "{leaders:?}");
+    assert!(
+        workers.iter().any(|w| alive(w)) && listening(native::nginx_port(&ports)),
+        "the case under test: nginx's workers {workers:?} outlive their master and keep the port"
+    );
+
+    let again = stack_script(run_dir.path(), ports, "up");
+    assert!(again.status.success(), "{}", text(&again));
+    for w in &workers {
+        assert!(
+            !alive(w),
+            "the old nginx worker {w} still runs:\n{}",
+            text(&again)
+        );
+    }
+    let now: Vec<String> = native::pid_files(run_dir.path())
+        .iter()
+        .map(|file| std::fs::read_to_string(file).unwrap().trim().to_owned())
+        .collect();
+    assert!(
+        now.iter().all(|p| alive(p) && !leaders.contains(p)),
+        "{now:?} after {leaders:?}"
+    );
+    let ready = reqwest::get(format!(
+        "http://127.0.0.1:{}/ready",
+        native::nginx_port(&ports)
+    ))
+    .await
+    .unwrap();
+    assert_eq!(ready.status(), 200);
+    let down = stack_script(run_dir.path(), ports, "down");
+    assert!(down.status.success(), "{}", text(&down));
+    for port in ports {
+        assert!(!listening(port), "port {port} still taken after `down`");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_native_stack_refuses_to_start_on_a_taken_port() {
     let run_dir = tempfile::tempdir().unwrap();
