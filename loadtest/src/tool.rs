@@ -1,6 +1,6 @@
 //! What the crate's tools share: the `--inventory-bin` of the tools that start their own
-//! topologies (`failover-table`, `cluster-table`), and the one parser of flags given in
-//! seconds (`loadtest`, `lock-bench`).
+//! processes (`failover-table`, `cluster-table`, `scenarios`), and the one parser of flags
+//! given in seconds (`loadtest`, `lock-bench`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,11 +15,20 @@ pub struct InventoryBin {
 }
 
 impl InventoryBin {
+    /// The binary, refused unless it is a file: checked before a tool starts anything, or
+    /// it would start Redis and sentinels (and print a table's header) for an instance it
+    /// cannot run.
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
-        match &self.path {
-            Some(path) => Ok(path.clone()),
-            None => testkit::inventory_binary(),
-        }
+        let path = match &self.path {
+            Some(path) => path.clone(),
+            None => testkit::inventory_binary()?,
+        };
+        anyhow::ensure!(
+            path.is_file(),
+            "no inventory binary at {} (from --inventory-bin or INVENTORY_BIN)",
+            path.display()
+        );
+        Ok(path)
     }
 }
 

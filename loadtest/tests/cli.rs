@@ -1,6 +1,6 @@
-//! The command-line tools as a user runs them: real `loadtest` and `scenarios` processes
-//! against a real `redis-server`, `inventory` instance and nginx, with their exit statuses
-//! and what they print.
+//! The command-line tools as a user runs them: real `loadtest`, `scenarios`, `failover-table`
+//! and `cluster-table` processes against a real `redis-server`, `inventory` instance and nginx,
+//! with their exit statuses and what they print.
 
 // A panic is how a test reports a failure.
 #![allow(clippy::unwrap_used)]
@@ -360,4 +360,42 @@ async fn scenarios_refuse_a_row_that_does_not_exist_naming_the_scenarios_strateg
         stderr.contains("process-pause") && stderr.contains("or all"),
         "{stderr}"
     );
+}
+
+/// `failover-table` or `cluster-table` with an `inventory` that does not exist: whatever
+/// they are to refuse, they refuse before starting Redis for a binary they cannot run.
+async fn table(bin: &str, args: &[&str]) -> Output {
+    let mut args = args.to_vec();
+    args.extend(["--inventory-bin", "/nonexistent/inventory"]);
+    run(bin, &args, &[]).await
+}
+
+#[tokio::test]
+async fn the_tools_refuse_a_missing_inventory_binary_before_printing_or_starting_anything() {
+    // The scenarios' own error status is 2, the tables' 1.
+    for (bin, status) in [
+        (env!("CARGO_BIN_EXE_failover-table"), 1),
+        (env!("CARGO_BIN_EXE_cluster-table"), 1),
+        (env!("CARGO_BIN_EXE_scenarios"), 2),
+    ] {
+        let started = std::time::Instant::now();
+        let output = table(bin, &[]).await;
+        let (stdout, stderr) = text(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(status),
+            "{bin}: {stdout}\n{stderr}"
+        );
+        assert!(
+            stderr.contains("no inventory binary at /nonexistent/inventory"),
+            "{bin}: {stderr}"
+        );
+        assert_eq!(stdout, "", "{bin}: a table or a run was begun");
+        // Redis, sentinels or a cluster take seconds to start; a refusal takes none.
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{bin}: {:?}",
+            started.elapsed()
+        );
+    }
 }

@@ -27,9 +27,8 @@ struct Args {
     /// Tries per run when the fault did not take place (the timing missed).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
     attempts: u32,
-    /// The `inventory` binary to start (default: the one next to this executable).
-    #[arg(long, env = "INVENTORY_BIN")]
-    inventory_bin: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    inventory: loadtest::tool::InventoryBin,
     /// Also write one HTML page with a picture of each run (inline SVG, nothing fetched).
     #[arg(long, value_name = "FILE.html")]
     report: Option<std::path::PathBuf>,
@@ -140,10 +139,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         .map_err(anyhow::Error::msg)?;
     // Before the binary is looked for: a wrong row is the answer, whatever is installed.
     let rows = select(wanted.as_deref(), only).map_err(anyhow::Error::msg)?;
-    let bin = match args.inventory_bin {
-        Some(path) => path,
-        None => testkit::inventory_binary()?,
-    };
+    let bin = args.inventory.resolve()?;
 
     let mut runs = Vec::new();
     for row in rows {
