@@ -90,38 +90,6 @@ struct Args {
     admin_token: Option<String>,
 }
 
-/// The strategies `--strategy` names, each once, in the order first named; and a line for
-/// each strategy named more than once. Aliases name their strategy (`v8` is `watchdog`), so
-/// `v8,watchdog` would otherwise run the same lock twice and print two rows of it.
-fn parse_strategies(list: &str) -> Result<(Vec<Strategy>, Vec<String>), String> {
-    let mut named: Vec<(Strategy, Vec<&str>)> = Vec::new();
-    for name in list.split(',') {
-        let found = if name.trim().eq_ignore_ascii_case("all") {
-            Strategy::ALL.to_vec()
-        } else {
-            vec![name.parse()?]
-        };
-        for strategy in found {
-            match named.iter_mut().find(|(s, _)| *s == strategy) {
-                Some((_, spellings)) => spellings.push(name.trim()),
-                None => named.push((strategy, vec![name.trim()])),
-            }
-        }
-    }
-    let notes = named
-        .iter()
-        .filter(|(_, spellings)| spellings.len() > 1)
-        .map(|(strategy, spellings)| {
-            format!(
-                "--strategy names {strategy} {} times ({}); it runs once",
-                spellings.len(),
-                spellings.join(", ")
-            )
-        })
-        .collect();
-    Ok((named.into_iter().map(|(s, _)| s).collect(), notes))
-}
-
 /// What `--health` takes besides itself: it measures `GET /health` only.
 const HEALTH_TAKES: [&str; 4] = ["target", "duration", "concurrency", "json"];
 
@@ -181,8 +149,8 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
-    let (strategies, notes) = parse_strategies(&args.strategy).map_err(anyhow::Error::msg)?;
-    for note in notes {
+    let strategies = loadtest::tool::strategies(&args.strategy).map_err(anyhow::Error::msg)?;
+    for note in &strategies.notes {
         eprintln!("loadtest: {note}");
     }
     let duration = args
@@ -200,7 +168,7 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
     };
     let plan = Plan {
         target: args.target,
-        strategies,
+        strategies: strategies.list,
         stock: args.stock.unwrap_or(default_stock),
         requests: args.requests,
         concurrency: args.concurrency as usize,
@@ -312,29 +280,6 @@ mod tests {
         let args = Args::try_parse_from(["loadtest", "--items", "10000"]).unwrap();
         assert_eq!(args.items, 10_000);
         assert_eq!(Args::try_parse_from(["loadtest"]).unwrap().items, 1);
-    }
-
-    #[test]
-    fn a_strategy_named_twice_runs_once_whatever_its_spelling_and_says_so() {
-        let watchdog: Strategy = "watchdog".parse().unwrap();
-        let fenced: Strategy = "fenced".parse().unwrap();
-        let (strategies, notes) = parse_strategies("v8,fenced, WATCHDOG ,Fenced,v8").unwrap();
-        assert_eq!(strategies, [watchdog, fenced]);
-        assert_eq!(
-            notes,
-            [
-                "--strategy names watchdog 3 times (v8, WATCHDOG, v8); it runs once",
-                "--strategy names fenced 2 times (fenced, Fenced); it runs once",
-            ]
-        );
-        let (strategies, notes) = parse_strategies("fenced,all").unwrap();
-        assert_eq!(strategies.len(), Strategy::ALL.len());
-        assert_eq!(strategies[0], fenced, "the order first named");
-        assert_eq!(notes.len(), 1, "{notes:?}");
-        let (strategies, notes) = parse_strategies("v1,v8").unwrap();
-        assert_eq!(strategies.len(), 2);
-        assert!(notes.is_empty(), "{notes:?}");
-        assert!(parse_strategies("v8,v9").is_err());
     }
 
     fn conflicts(args: &[&str]) -> Vec<String> {

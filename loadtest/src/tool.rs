@@ -1,10 +1,13 @@
 //! What the crate's tools share: the `--inventory-bin` of the tools that start their own
-//! processes (`failover-table`, `cluster-table`, `scenarios`), and the one parser of flags
-//! given in seconds (`loadtest`, `lock-bench`).
+//! processes (`failover-table`, `cluster-table`, `scenarios`), the one reader of a
+//! `--strategy` list (`loadtest` and the two tables), and the one parser of flags given in
+//! seconds (`loadtest`, `lock-bench`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+use inventory::lock::Strategy;
 
 /// `--inventory-bin`: which `inventory` the tool starts.
 #[derive(Debug, Clone, clap::Args)]
@@ -30,6 +33,52 @@ impl InventoryBin {
         );
         Ok(path)
     }
+}
+
+/// What a `--strategy` list names: `all`, or strategy names and aliases, comma-separated,
+/// in any case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Strategies {
+    /// Each strategy once, in the order first named.
+    pub list: Vec<Strategy>,
+    /// A line for stderr for each strategy named more than once.
+    pub notes: Vec<String>,
+}
+
+/// Reads a `--strategy` list, as clap's `value_parser`. Aliases name their strategy (`v8` is
+/// `watchdog`) and names are read in any case, so `v8,watchdog` or `fenced,Fenced` would
+/// otherwise run the same lock twice and print two rows of it; each such strategy runs
+/// once, and a note says so rather than leaving the user to count rows.
+pub fn strategies(list: &str) -> Result<Strategies, String> {
+    let mut named: Vec<(Strategy, Vec<&str>)> = Vec::new();
+    for name in list.split(',') {
+        let found = if name.trim().eq_ignore_ascii_case("all") {
+            Strategy::ALL.to_vec()
+        } else {
+            vec![name.parse()?]
+        };
+        for strategy in found {
+            match named.iter_mut().find(|(s, _)| *s == strategy) {
+                Some((_, spellings)) => spellings.push(name.trim()),
+                None => named.push((strategy, vec![name.trim()])),
+            }
+        }
+    }
+    let notes = named
+        .iter()
+        .filter(|(_, spellings)| spellings.len() > 1)
+        .map(|(strategy, spellings)| {
+            format!(
+                "--strategy names {strategy} {} times ({}); it runs once",
+                spellings.len(),
+                spellings.join(", ")
+            )
+        })
+        .collect();
+    Ok(Strategies {
+        list: named.into_iter().map(|(s, _)| s).collect(),
+        notes,
+    })
 }
 
 /// A tool's exit status, its error (with causes) on stderr under its name.
@@ -65,6 +114,33 @@ pub fn seconds(flag: &str, value: f64, zero_ok: bool) -> anyhow::Result<Duration
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_strategy_named_twice_runs_once_whatever_its_spelling_and_says_so() {
+        let watchdog: Strategy = "watchdog".parse().unwrap();
+        let fenced: Strategy = "fenced".parse().unwrap();
+        let named = strategies("v8,fenced, WATCHDOG ,Fenced,v8").unwrap();
+        assert_eq!(named.list, [watchdog, fenced]);
+        assert_eq!(
+            named.notes,
+            [
+                "--strategy names watchdog 3 times (v8, WATCHDOG, v8); it runs once",
+                "--strategy names fenced 2 times (fenced, Fenced); it runs once",
+            ]
+        );
+        let named = strategies("fenced,ALL").unwrap();
+        assert_eq!(named.list.len(), Strategy::ALL.len());
+        assert_eq!(named.list[0], fenced, "the order first named");
+        assert_eq!(named.notes.len(), 1, "{:?}", named.notes);
+        let named = strategies("v1,v8").unwrap();
+        assert_eq!(named.list.len(), 2);
+        assert!(named.notes.is_empty(), "{:?}", named.notes);
+        let refusal = strategies("v8,v9").unwrap_err();
+        assert!(
+            refusal.starts_with("unknown strategy \"v9\"; valid: none, local,"),
+            "{refusal}"
+        );
+    }
 
     #[test]
     fn seconds_beyond_a_day_or_not_numbers_are_refused_naming_the_range() {

@@ -399,3 +399,22 @@ async fn the_tools_refuse_a_missing_inventory_binary_before_printing_or_starting
         );
     }
 }
+
+#[tokio::test]
+async fn the_table_tools_run_a_strategy_named_twice_once_and_say_so() {
+    for bin in [
+        env!("CARGO_BIN_EXE_failover-table"),
+        env!("CARGO_BIN_EXE_cluster-table"),
+    ] {
+        let output = table(bin, &["--strategy", "fenced,v6,FENCED,lua-release"]).await;
+        let (stdout, stderr) = text(&output);
+        // Said before the binary is looked for, so the missing one ends the run here.
+        assert_eq!(output.status.code(), Some(1), "{bin}: {stdout}\n{stderr}");
+        for note in [
+            "--strategy names fenced 2 times (fenced, FENCED); it runs once",
+            "--strategy names lua-release 2 times (v6, lua-release); it runs once",
+        ] {
+            assert!(stderr.contains(note), "{bin}: {stderr}");
+        }
+    }
+}

@@ -20,9 +20,10 @@ use loadtest::{LoadTest, Plan};
     about = "Sales/s, p99 and each master's share of commands, on one Redis against a 3-master Redis Cluster"
 )]
 struct Args {
-    /// Strategies (comma-separated).
-    #[arg(long, default_value = "atomic,fenced", value_delimiter = ',')]
-    strategy: Vec<Strategy>,
+    /// `all`, or strategy names or aliases (comma-separated, in any case); a strategy named
+    /// twice runs once.
+    #[arg(long, default_value = "atomic,fenced", value_parser = loadtest::tool::strategies)]
+    strategy: loadtest::tool::Strategies,
     /// Item counts (comma-separated).
     #[arg(long, default_value = "1,64", value_delimiter = ',')]
     items: Vec<usize>,
@@ -73,6 +74,9 @@ impl Stack {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    for note in &args.strategy.notes {
+        eprintln!("cluster-table: {note}");
+    }
     let bin = args.inventory.resolve()?;
     println!(
         "| Redis | strategy | items | sales/s | p99 ms | each master's share of commands | verdict |"
@@ -94,7 +98,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 async fn rows(args: &Args, redis: &str, stack: &Stack) -> anyhow::Result<()> {
-    for &strategy in &args.strategy {
+    for &strategy in &args.strategy.list {
         for &items in &args.items {
             let plan = Plan::endless(stack.nginx.url(), strategy, args.concurrency);
             let load = LoadTest::new(plan)?
@@ -169,6 +173,26 @@ mod tests {
             "agrees": true, "verdict": "INCONCLUSIVE"
         }))
         .expect("a report")
+    }
+
+    #[test]
+    fn a_strategy_named_twice_is_one_strategy_and_a_wrong_one_a_usage_error() {
+        let args = Args::try_parse_from(["cluster-table", "--strategy", "fenced,FENCED"]).unwrap();
+        assert_eq!(args.strategy.list, [fenced()]);
+        assert_eq!(args.strategy.notes.len(), 1, "{:?}", args.strategy.notes);
+        let refusal =
+            Args::try_parse_from(["cluster-table", "--strategy", "fenced,v9"]).unwrap_err();
+        assert_eq!(refusal.exit_code(), 2);
+        assert!(
+            refusal
+                .to_string()
+                .contains("unknown strategy \"v9\"; valid: "),
+            "{refusal}"
+        );
+    }
+
+    fn fenced() -> Strategy {
+        "fenced".parse().unwrap()
     }
 
     #[test]

@@ -18,13 +18,10 @@ use loadtest::{LoadTest, Plan};
     about = "Kills the Sentinel master under load, per strategy and REPLICA_ACKS, and counts the sales answered 200 and lost"
 )]
 struct Args {
-    /// Strategies (comma-separated).
-    #[arg(
-        long,
-        default_value = "fenced,lua-release,atomic",
-        value_delimiter = ','
-    )]
-    strategy: Vec<Strategy>,
+    /// `all`, or strategy names or aliases (comma-separated, in any case); a strategy named
+    /// twice runs once.
+    #[arg(long, default_value = "fenced,lua-release,atomic", value_parser = loadtest::tool::strategies)]
+    strategy: loadtest::tool::Strategies,
     /// `REPLICA_ACKS` values (comma-separated).
     #[arg(long, default_value = "0,1", value_delimiter = ',')]
     acks: Vec<u32>,
@@ -50,12 +47,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.duration > args.failover_after && args.failover_after >= 0.0,
         "--failover-after must fall within --duration"
     );
+    for note in &args.strategy.notes {
+        eprintln!("failover-table: {note}");
+    }
     let bin = args.inventory.resolve()?;
     println!(
         "| strategy | REPLICA_ACKS | sold (200) | 200 lost | sales resumed after | errors | sales/s before the kill | sales/s overall | verdict |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    for &strategy in &args.strategy {
+    for &strategy in &args.strategy.list {
         for &acks in &args.acks {
             let topology =
                 SentinelTopology::start(&bin, &[("REPLICA_ACKS", acks.to_string())]).await?;
@@ -122,6 +122,26 @@ mod tests {
             "agrees": true, "verdict": "INCONCLUSIVE"
         }))
         .expect("a report")
+    }
+
+    #[test]
+    fn a_strategy_named_twice_is_one_strategy_and_a_wrong_one_a_usage_error() {
+        let args = Args::try_parse_from(["failover-table", "--strategy", "fenced,FENCED"]).unwrap();
+        assert_eq!(args.strategy.list, [fenced()]);
+        assert_eq!(args.strategy.notes.len(), 1, "{:?}", args.strategy.notes);
+        let refusal =
+            Args::try_parse_from(["failover-table", "--strategy", "fenced,v9"]).unwrap_err();
+        assert_eq!(refusal.exit_code(), 2);
+        assert!(
+            refusal
+                .to_string()
+                .contains("unknown strategy \"v9\"; valid: "),
+            "{refusal}"
+        );
+    }
+
+    fn fenced() -> Strategy {
+        "fenced".parse().unwrap()
     }
 
     #[test]
