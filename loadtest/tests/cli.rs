@@ -349,6 +349,15 @@ async fn scenarios_refuse_a_row_that_does_not_exist_naming_the_scenarios_strateg
         "{stderr}"
     );
 
+    // Scenario names are read in any case, as strategy names are.
+    let output = scenarios(&["--scenario", "Process-Pause", "--strategy", "ATOMIC"]).await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("scenario process-pause has no row for atomic;"),
+        "{stderr}"
+    );
+
     let output = scenarios(&["--scenario", "process-paws"]).await;
     let (stdout, stderr) = text(&output);
     assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");

@@ -15,7 +15,7 @@ use loadtest::scenarios::{self, Fault, Row, Run, Side};
     about = "Makes each strategy's flaw happen on demand (a paused holder, a killed master, ...) and says whether it did"
 )]
 struct Args {
-    /// Scenarios to run (comma-separated), or `all`.
+    /// Scenarios to run (comma-separated, in any case), or `all`.
     #[arg(long, default_value = "all", value_delimiter = ',', value_parser = scenario_arg)]
     scenario: Vec<Option<Fault>>,
     /// Run only this strategy's row of each scenario (default: both rows).
@@ -49,12 +49,13 @@ async fn main() -> ExitCode {
     }
 }
 
-/// `all` (every scenario, `None`) or one fault by name; a wrong name lists the valid ones.
+/// `all` (every scenario, `None`) or one fault by name, in any case; a wrong name lists the
+/// valid ones.
 fn scenario_arg(name: &str) -> Result<Option<Fault>, String> {
-    match name.trim() {
-        "all" => Ok(None),
-        name => name.parse().map(Some).map_err(|e| format!("{e}, or all")),
+    if name.trim().eq_ignore_ascii_case("all") {
+        return Ok(None);
     }
+    name.parse().map(Some).map_err(|e| format!("{e}, or all"))
 }
 
 /// The rows of the `wanted` scenarios (every one for `None`) that run `only` (both rows for
@@ -249,6 +250,16 @@ mod tests {
         for s in Strategy::ALL {
             assert!(!select(None, Some(s)).unwrap().is_empty(), "{s}");
         }
+    }
+
+    #[test]
+    fn scenario_names_and_all_are_read_in_any_case() {
+        let args = Args::try_parse_from(["scenarios", "--scenario", "Process-Pause,FAILOVER"]);
+        let pause: Fault = "process-pause".parse().unwrap();
+        let failover: Fault = "failover".parse().unwrap();
+        assert_eq!(args.unwrap().scenario, [Some(pause), Some(failover)]);
+        let args = Args::try_parse_from(["scenarios", "--scenario", "ALL"]);
+        assert_eq!(args.unwrap().scenario, [None]);
     }
 
     #[test]

@@ -211,10 +211,13 @@ impl std::fmt::Display for Fault {
 impl FromStr for Fault {
     type Err = String;
 
+    /// In any case and with spaces around it, as a strategy's name is read: the two are
+    /// named side by side (`--scenario Process-Pause --strategy Fenced`).
     fn from_str(name: &str) -> Result<Self, Self::Err> {
+        let name = name.trim();
         Self::ALL
             .into_iter()
-            .find(|f| f.name() == name)
+            .find(|f| f.name().eq_ignore_ascii_case(name))
             .ok_or_else(|| {
                 let valid: Vec<_> = Self::ALL.iter().map(|f| f.name()).collect();
                 format!("unknown scenario {name:?}; valid: {}", valid.join(", "))
@@ -410,6 +413,9 @@ mod tests {
         for fault in Fault::ALL {
             assert_eq!(fault.name().parse::<Fault>(), Ok(fault));
         }
+        // In any case, as strategy names are: `--scenario Process-Pause --strategy Fenced`.
+        assert_eq!("Process-PAUSE".parse::<Fault>(), Ok(Fault::ProcessPause));
+        assert_eq!(" failover ".parse::<Fault>(), Ok(Fault::Failover));
         let error = "release_race".parse::<Fault>().unwrap_err();
         assert!(
             error.contains("valid: two-instances, crash-holder"),
