@@ -1,4 +1,6 @@
-//! The comparison table printed at the end of a run.
+//! The tables the tools print: `loadtest`'s comparison at the end of a run, and the Markdown
+//! tables of `failover-table` and `cluster-table`, each with its header beside its rows so
+//! that the two cannot drift apart.
 
 use crate::StrategyReport;
 use crate::items::{Spread, name_some};
@@ -10,12 +12,6 @@ const HEADERS: [&str; 15] = [
     "strategy", "sold", "sold out", "refused", "errors", "oversold", "lost", "dup", "200 lost",
     "split", "sales/s", "req/s", "p50 ms", "p99 ms", "verdict",
 ];
-
-/// The verdict with its reason, as a cell of a Markdown table (the failover and cluster
-/// tables): a `|` in it, which an error kind from the server could carry, would end the cell.
-pub fn markdown_verdict(r: &StrategyReport) -> String {
-    r.verdict_text().replace('|', "\\|")
-}
 
 pub fn render(reports: &[StrategyReport]) -> String {
     let rows: Vec<[String; 15]> = reports.iter().map(row).collect();
@@ -115,11 +111,86 @@ fn row(r: &StrategyReport) -> [String; 15] {
     ]
 }
 
+/// The verdict with its reason: a row is all a reader of these tables gets, and the reason
+/// an INCONCLUSIVE run gives is what to fix before running again.
+fn markdown_verdict(r: &StrategyReport) -> String {
+    cell(&r.verdict_text())
+}
+
+/// `text` as a Markdown cell: a `|` in it, which an error kind from the server (in an error
+/// count or a verdict's reason) could carry, would end the cell.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+/// `failover-table`'s header: its two lines.
+pub const FAILOVER_HEADER: [&str; 2] = [
+    "| strategy | REPLICA_ACKS | sold (200) | 200 lost | sales resumed after | errors | sales/s before the kill | sales/s overall | verdict |",
+    "|---|---|---|---|---|---|---|---|---|",
+];
+
+/// One row of `failover-table`: a run with `REPLICA_ACKS` at `acks` and its master killed.
+pub fn failover_row(acks: u32, r: &StrategyReport) -> String {
+    format!(
+        "| {} | {acks} | {} | {} | {} | {} | {} | {:.0} | {} |",
+        r.strategy,
+        r.sold,
+        r.lost_200,
+        r.resumed_after_s
+            .map_or("never".into(), |s| format!("{s:.2} s")),
+        errors(r),
+        r.sales_per_s_before_failover
+            .map_or("-".into(), |s| format!("{s:.0}")),
+        r.sales_per_s,
+        markdown_verdict(r)
+    )
+}
+
+/// The error count with its kinds, most frequent first: what a failover costs differs by
+/// kind (a fast 503 `redis_unavailable` against a refused `not_replicated`).
+fn errors(r: &StrategyReport) -> String {
+    if r.errors == 0 {
+        return "0".into();
+    }
+    let mut kinds: Vec<_> = r.error_kinds.iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let kinds: Vec<String> = kinds
+        .iter()
+        .map(|(k, n)| format!("{} {n}", cell(k)))
+        .collect();
+    format!("{} ({})", r.errors, kinds.join(", "))
+}
+
+/// `cluster-table`'s header: its two lines.
+pub const CLUSTER_HEADER: [&str; 2] = [
+    "| Redis | strategy | items | sales/s | p99 ms | each master's share of commands | verdict |",
+    "|---|---|---:|---:|---:|---|---|",
+];
+
+/// One row of `cluster-table`: a run on `redis`, whose masters ran `sent` commands each
+/// during it.
+pub fn cluster_row(redis: &str, sent: &[u64], r: &StrategyReport) -> String {
+    let total = sent.iter().sum::<u64>().max(1);
+    let shares: Vec<String> = sent
+        .iter()
+        .map(|n| format!("{:.0}%", 100.0 * *n as f64 / total as f64))
+        .collect();
+    format!(
+        "| {redis} | {} | {} | {:.0} | {:.1} | {} | {} |",
+        r.strategy,
+        r.items,
+        r.sales_per_s,
+        r.latency_ms.p99,
+        shares.join(" / "),
+        markdown_verdict(r)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use super::render;
+    use super::*;
     use crate::{Outcome, summarize};
     use inventory::store::Audit;
 
@@ -162,25 +233,79 @@ mod tests {
         )
     }
 
-    #[test]
-    fn an_inconclusive_run_says_why_under_the_table() {
-        let results = vec![(0, Outcome::Error("bad_request".into()), Duration::ZERO); 2];
+    /// A run of `fenced` that sold nothing, its `n` requests all failing with `kind`.
+    fn failed(kind: &str, n: usize) -> StrategyReport {
+        let results = vec![(0, Outcome::Error(kind.into()), Duration::ZERO); n];
         let mut untouched = audit("001", 0);
         untouched.remaining = 5;
-        let report = summarize(
+        summarize(
             "fenced".parse().unwrap(),
             5,
             results,
             Duration::from_secs(1),
             &[untouched],
-        );
-        let table = render(&[report]);
+        )
+    }
+
+    #[test]
+    fn an_inconclusive_run_says_why_under_the_table() {
+        let table = render(&[failed("bad_request", 2)]);
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[2].ends_with("INCONCLUSIVE"), "{table}");
         assert_eq!(
             lines[3],
             "inconclusive: fenced: nothing sold; 2 requests failed (bad_request: 2)"
         );
+    }
+
+    /// The cells of a Markdown row, an escaped `|` kept inside its cell.
+    fn cells(row: &str) -> usize {
+        row.replace("\\|", "").matches('|').count() - 1
+    }
+
+    #[test]
+    fn an_inconclusive_failover_row_says_why_and_a_bar_in_an_error_kind_ends_no_cell() {
+        let row = failover_row(1, &failed("not_replicated", 4));
+        assert!(
+            row.starts_with("| fenced | 1 | 0 | 0 | never | 4 (not_replicated 4) |"),
+            "{row}"
+        );
+        assert!(
+            row.ends_with("| INCONCLUSIVE: nothing sold; 4 requests failed (not_replicated: 4) |"),
+            "{row}"
+        );
+        let header = FAILOVER_HEADER.map(cells);
+        assert_eq!(header, [9, 9]);
+        assert_eq!(cells(&row), 9, "{row}");
+        let row = failover_row(1, &failed("a|b", 4));
+        assert_eq!(cells(&row), 9, "{row}");
+        let mut safe = failed("x", 4);
+        safe.verdict = crate::Verdict::Safe;
+        assert!(failover_row(0, &safe).ends_with("| SAFE |"));
+    }
+
+    #[test]
+    fn a_cluster_row_gives_each_masters_share_and_an_inconclusive_one_says_why() {
+        let row = cluster_row(
+            "cluster, 3 masters",
+            &[300, 0, 0],
+            &failed("redis_unavailable", 4),
+        );
+        assert!(
+            row.starts_with("| cluster, 3 masters | fenced | 1 | 0 |"),
+            "{row}"
+        );
+        assert!(
+            row.ends_with(
+                "| 100% / 0% / 0% | INCONCLUSIVE: nothing sold; 4 requests failed (redis_unavailable: 4) |"
+            ),
+            "{row}"
+        );
+        assert_eq!(CLUSTER_HEADER.map(cells), [7, 7]);
+        assert_eq!(cells(&row), 7, "{row}");
+        let row = cluster_row("one node", &[0], &failed("a|b", 4));
+        assert!(row.contains("| 0% |"), "no command, no share: {row}");
+        assert_eq!(cells(&row), 7, "{row}");
     }
 
     #[test]

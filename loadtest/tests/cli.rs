@@ -425,5 +425,12 @@ async fn the_table_tools_run_a_strategy_named_twice_once_and_say_so() {
         ] {
             assert!(stderr.contains(note), "{bin}: {stderr}");
         }
+        let output = table(bin, &["--strategy", "fenced,v9"]).await;
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{bin}: {stdout}\n{stderr}");
+        assert!(
+            stderr.contains("unknown strategy \"v9\"; valid: none, local,"),
+            "{bin}: {stderr}"
+        );
     }
 }

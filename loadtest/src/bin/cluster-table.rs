@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use inventory::lock::Strategy;
 use loadtest::lockbench::parse_commandstats;
-use loadtest::{LoadTest, Plan};
+use loadtest::{LoadTest, Plan, table};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -78,10 +77,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("cluster-table: {note}");
     }
     let bin = args.inventory.resolve()?;
-    println!(
-        "| Redis | strategy | items | sales/s | p99 ms | each master's share of commands | verdict |"
-    );
-    println!("|---|---|---:|---:|---:|---|---|");
+    for line in table::CLUSTER_HEADER {
+        println!("{line}");
+    }
 
     let single = testkit::RedisProcess::start(&[]).await?;
     let stack = Stack::start(&bin, ("REDIS_URL", &single.url()), vec![single.port]).await?;
@@ -112,33 +110,10 @@ async fn rows(args: &Args, redis: &str, stack: &Stack) -> anyhow::Result<()> {
                 .zip(&before)
                 .map(|(a, b)| a.saturating_sub(*b))
                 .collect();
-            let total = sent.iter().sum::<u64>().max(1);
-            let shares: Vec<String> = sent
-                .iter()
-                .map(|n| format!("{:.0}%", 100.0 * *n as f64 / total as f64))
-                .collect();
-            println!("{}", line(redis, strategy, items, &shares, &r));
+            println!("{}", table::cluster_row(redis, &sent, &r));
         }
     }
     Ok(())
-}
-
-/// One row of the table; an INCONCLUSIVE verdict with its reason, which the table has no
-/// other place for.
-fn line(
-    redis: &str,
-    strategy: Strategy,
-    items: usize,
-    shares: &[String],
-    r: &loadtest::StrategyReport,
-) -> String {
-    format!(
-        "| {redis} | {strategy} | {items} | {:.0} | {:.1} | {} | {} |",
-        r.sales_per_s,
-        r.latency_ms.p99,
-        shares.join(" / "),
-        loadtest::table::markdown_verdict(r)
-    )
 }
 
 /// Commands each master has run since it started (`INFO commandstats`, but not `INFO`).
@@ -156,61 +131,4 @@ async fn commands(masters: &[u16]) -> anyhow::Result<Vec<u64>> {
         counts.push(parse_commandstats(&info).values().sum());
     }
     Ok(counts)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A report of `fenced` that sold nothing, every request failing with `kind`.
-    fn failed(kind: &str) -> loadtest::StrategyReport {
-        serde_json::from_value(serde_json::json!({
-            "strategy": "fenced", "stock": 1_000_000_000, "requests": 4, "sold": 0,
-            "sold_out": 0, "refused": 0, "errors": 4, "error_kinds": {kind: 4},
-            "oversold": 0, "lost_updates": 0, "duplicates": 0, "remaining": 1_000_000_000,
-            "audit_sales": 0, "instances": {}, "duration_s": 1.0, "throughput_rps": 4.0,
-            "sales_per_s": 0.0, "latency_ms": {"p50": 1.0, "p90": 1.0, "p99": 1.0, "max": 1.0},
-            "agrees": true, "verdict": "INCONCLUSIVE"
-        }))
-        .expect("a report")
-    }
-
-    #[test]
-    fn a_strategy_named_twice_is_one_strategy_and_a_wrong_one_a_usage_error() {
-        let args = Args::try_parse_from(["cluster-table", "--strategy", "fenced,FENCED"]).unwrap();
-        assert_eq!(args.strategy.list, [fenced()]);
-        assert_eq!(args.strategy.notes.len(), 1, "{:?}", args.strategy.notes);
-        let refusal =
-            Args::try_parse_from(["cluster-table", "--strategy", "fenced,v9"]).unwrap_err();
-        assert_eq!(refusal.exit_code(), 2);
-        assert!(
-            refusal
-                .to_string()
-                .contains("unknown strategy \"v9\"; valid: "),
-            "{refusal}"
-        );
-    }
-
-    fn fenced() -> Strategy {
-        "fenced".parse().unwrap()
-    }
-
-    #[test]
-    fn an_inconclusive_row_says_why() {
-        let atomic: Strategy = "atomic".parse().unwrap();
-        let shares = ["100%".to_owned(), "0%".to_owned(), "0%".to_owned()];
-        let row = line(
-            "cluster, 3 masters",
-            atomic,
-            64,
-            &shares,
-            &failed("redis_unavailable"),
-        );
-        assert!(
-            row.ends_with(
-                "| 100% / 0% / 0% | INCONCLUSIVE: nothing sold; 4 requests failed (redis_unavailable: 4) |"
-            ),
-            "{row}"
-        );
-    }
 }
