@@ -93,6 +93,9 @@ pub struct SentinelTopology {
     pub master: testkit::RedisProcess,
 }
 
+/// The topology's replicas: `REPLICA_ACKS` above this refuses every sale.
+pub const REPLICAS: usize = 2;
+
 /// The name the topology's sentinels know the master by.
 pub const MASTER_NAME: &str = "inventory";
 
@@ -104,7 +107,7 @@ impl SentinelTopology {
         let master = testkit::RedisProcess::start(&NO_DELAY).await?;
         let port = master.port.to_string();
         let mut replicas = Vec::new();
-        for _ in 0..2 {
+        for _ in 0..REPLICAS {
             let mut args = vec!["--replicaof", "127.0.0.1", &port];
             args.extend(NO_DELAY);
             replicas.push(testkit::RedisProcess::start(&args).await?);

@@ -58,7 +58,7 @@ struct Args {
     /// Requests in flight at once, each on a connection of its own. The native stack's
     /// instances take 1024 connections each (`MAX_CONNECTIONS`): far beyond twice that, nginx
     /// waits for connections to them, times out and marks them down.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=loadtest::tool::MAX_CONCURRENCY))]
     concurrency: u64,
     /// Business time inside the lock, per sale (0..=60000 ms). The service refuses more than
     /// its MAX_WORK_MS (2000 unless configured) with 400 bad_request: such a run sells

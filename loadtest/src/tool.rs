@@ -101,15 +101,44 @@ pub const MAX_SECONDS: f64 = 86_400.0;
 /// `zero_ok` says) ..= a day. NaN fails both comparisons, so it is refused too: a flag
 /// parsed as `f64` must come through here before `Duration::from_secs_f64`, which panics.
 pub fn seconds(flag: &str, value: f64, zero_ok: bool) -> anyhow::Result<Duration> {
+    in_range(value, zero_ok).map_err(|valid| anyhow::anyhow!("{flag} is {value:?}; {valid}"))
+}
+
+/// A flag in seconds above 0, up to a day, as clap's `value_parser`: a wrong value is then a
+/// usage error (exit status 2) named by clap with its flag, before the tool does anything.
+pub fn seconds_above_zero(text: &str) -> Result<Duration, String> {
+    parse_seconds(text, false)
+}
+
+/// A flag in seconds from 0, up to a day, as clap's `value_parser`.
+pub fn seconds_from_zero(text: &str) -> Result<Duration, String> {
+    parse_seconds(text, true)
+}
+
+fn parse_seconds(text: &str, zero_ok: bool) -> Result<Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(value) => in_range(value, zero_ok),
+        Err(_) => Err(format!("not a number; {}", valid_seconds(zero_ok))),
+    }
+}
+
+fn in_range(value: f64, zero_ok: bool) -> Result<Duration, String> {
     let low_ok = if zero_ok { value >= 0.0 } else { value > 0.0 };
     if low_ok && value <= MAX_SECONDS {
         return Ok(Duration::from_secs_f64(value));
     }
-    let low = if zero_ok { "from 0" } else { "above 0" };
-    anyhow::bail!(
-        "{flag} is {value:?}; valid: a number of seconds {low}, at most {MAX_SECONDS} (a day)"
-    )
+    Err(valid_seconds(zero_ok))
 }
+
+fn valid_seconds(zero_ok: bool) -> String {
+    let low = if zero_ok { "from 0" } else { "above 0" };
+    format!("valid: a number of seconds {low}, at most {MAX_SECONDS} (a day)")
+}
+
+/// The most requests in flight a tool opens at once (`--concurrency`), each on a
+/// connection of its own: beyond it, nginx waits for connections to the instances, times
+/// out and marks them down, and the run measures that.
+pub const MAX_CONCURRENCY: u64 = 4096;
 
 #[cfg(test)]
 mod tests {
@@ -139,6 +168,23 @@ mod tests {
         assert!(
             refusal.starts_with("unknown strategy \"v9\"; valid: none, local,"),
             "{refusal}"
+        );
+    }
+
+    #[test]
+    fn seconds_as_clap_reads_them_are_refused_as_the_numbers_are() {
+        assert_eq!(seconds_above_zero(" 1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(seconds_from_zero("0"), Ok(Duration::ZERO));
+        for bad in ["0", "-1", "inf", "NaN", "1e30", "86400.5"] {
+            let refusal = seconds_above_zero(bad).expect_err(bad);
+            assert_eq!(
+                refusal,
+                "valid: a number of seconds above 0, at most 86400 (a day)"
+            );
+        }
+        assert_eq!(
+            seconds_from_zero("soon").unwrap_err(),
+            "not a number; valid: a number of seconds from 0, at most 86400 (a day)"
         );
     }
 

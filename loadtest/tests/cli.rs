@@ -434,3 +434,45 @@ async fn the_table_tools_run_a_strategy_named_twice_once_and_say_so() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_table_tools_refuse_values_they_cannot_run_naming_the_valid_ones_before_anything() {
+    let failover = env!("CARGO_BIN_EXE_failover-table");
+    let cluster = env!("CARGO_BIN_EXE_cluster-table");
+    let day = "valid: a number of seconds above 0, at most 86400 (a day)";
+    for (bin, args, said) in [
+        // Each of these ran into Duration::from_secs_f64's panic, once the topology was up.
+        (failover, &["--duration", "inf"][..], day),
+        (failover, &["--duration", "1e30"], day),
+        (cluster, &["--duration=-1"], day),
+        (cluster, &["--duration", "NaN"], day),
+        // A row of nothing but the connection's start.
+        (cluster, &["--duration", "0"], day),
+        (
+            failover,
+            &["--failover-after", "1e30"],
+            "valid: a number of seconds from 0, at most 86400 (a day)",
+        ),
+        (
+            failover,
+            &["--failover-after", "9"],
+            "--failover-after (9 s) must fall within --duration (8 s)",
+        ),
+        // The topology has two replicas: more acknowledgements refuse every sale.
+        (failover, &["--acks", "0,3"], "3 is not in 0..=2"),
+        (failover, &["--concurrency", "0"], "0 is not in 1..=4096"),
+        (cluster, &["--concurrency", "0"], "0 is not in 1..=4096"),
+        (cluster, &["--items", "1,0"], "0 is not in 1..=10000"),
+        (cluster, &["--items", "10001"], "10001 is not in 1..=10000"),
+    ] {
+        let output = table(bin, args).await;
+        let (stdout, stderr) = text(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{bin} {args:?}: {stdout}\n{stderr}"
+        );
+        assert!(stderr.contains(said), "{bin} {args:?}: {stderr}");
+        assert_eq!(stdout, "", "{bin} {args:?}");
+    }
+}

@@ -23,14 +23,18 @@ struct Args {
     /// twice runs once.
     #[arg(long, default_value = "atomic,fenced", value_parser = loadtest::tool::strategies)]
     strategy: loadtest::tool::Strategies,
-    /// Item counts (comma-separated).
-    #[arg(long, default_value = "1,64", value_delimiter = ',')]
-    items: Vec<usize>,
-    /// Seconds of selling per row.
-    #[arg(long, default_value_t = 5.0)]
-    duration: f64,
-    #[arg(long, default_value_t = 64)]
-    concurrency: usize,
+    /// Item counts (comma-separated), each 1..=10000.
+    #[arg(long, default_value = "1,64", value_delimiter = ',',
+          value_parser = clap::value_parser!(u64).range(1..=loadtest::MAX_ITEMS as u64))]
+    items: Vec<u64>,
+    /// Seconds of selling per row (above 0, at most a day).
+    #[arg(long, value_name = "SECONDS", default_value = "5",
+          value_parser = loadtest::tool::seconds_above_zero)]
+    duration: Duration,
+    /// Requests in flight at once, each on a connection of its own (1..=4096).
+    #[arg(long, default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=loadtest::tool::MAX_CONCURRENCY))]
+    concurrency: u64,
     #[command(flatten)]
     inventory: loadtest::tool::InventoryBin,
 }
@@ -98,10 +102,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
 async fn rows(args: &Args, redis: &str, stack: &Stack) -> anyhow::Result<()> {
     for &strategy in &args.strategy.list {
         for &items in &args.items {
-            let plan = Plan::endless(stack.nginx.url(), strategy, args.concurrency);
+            let plan = Plan::endless(stack.nginx.url(), strategy, args.concurrency as usize);
             let load = LoadTest::new(plan)?
-                .with_items(items)?
-                .with_duration(Duration::from_secs_f64(args.duration));
+                .with_items(items as usize)?
+                .with_duration(args.duration);
             let before = commands(&stack.masters).await?;
             let r = load.run_strategy(strategy, None).await?;
             let after = commands(&stack.masters).await?;

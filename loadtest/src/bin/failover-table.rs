@@ -6,8 +6,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
-use loadtest::failover::{Failover, SentinelTopology};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
+use loadtest::failover::{Failover, REPLICAS, SentinelTopology};
 use loadtest::{LoadTest, Plan, table};
 
 #[derive(Debug, Parser)]
@@ -21,31 +22,50 @@ struct Args {
     /// twice runs once.
     #[arg(long, default_value = "fenced,lua-release,atomic", value_parser = loadtest::tool::strategies)]
     strategy: loadtest::tool::Strategies,
-    /// `REPLICA_ACKS` values (comma-separated).
-    #[arg(long, default_value = "0,1", value_delimiter = ',')]
+    /// `REPLICA_ACKS` values (comma-separated), each 0 to 2 (the topology has two replicas).
+    /// A value named again runs again, after the others: `0,1,0,1` alternates the settings.
+    #[arg(long, default_value = "0,1", value_delimiter = ',',
+          value_parser = clap::value_parser!(u32).range(0..=REPLICAS as i64))]
     acks: Vec<u32>,
-    /// Seconds of selling per row.
-    #[arg(long, default_value_t = 8.0)]
-    duration: f64,
-    /// Seconds into each row at which the master is killed.
-    #[arg(long, default_value_t = 2.0)]
-    failover_after: f64,
-    #[arg(long, default_value_t = 32)]
-    concurrency: usize,
+    /// Seconds of selling per row (above 0, at most a day).
+    #[arg(long, value_name = "SECONDS", default_value = "8",
+          value_parser = loadtest::tool::seconds_above_zero)]
+    duration: Duration,
+    /// Seconds into each row at which the master is killed (from 0, less than --duration).
+    #[arg(long, value_name = "SECONDS", default_value = "2",
+          value_parser = loadtest::tool::seconds_from_zero)]
+    failover_after: Duration,
+    /// Requests in flight at once, each on a connection of its own (1..=4096).
+    #[arg(long, default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(1..=loadtest::tool::MAX_CONCURRENCY))]
+    concurrency: u64,
     #[command(flatten)]
     inventory: loadtest::tool::InventoryBin,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    loadtest::tool::exit("failover-table", run(Args::parse()).await)
+    loadtest::tool::exit("failover-table", run(parse_args()).await)
+}
+
+/// The arguments, or clap's error and exit status 2, before anything starts: for a wrong
+/// value, and for a kill that would come after the selling ends.
+fn parse_args() -> Args {
+    let args = Args::parse();
+    if args.failover_after >= args.duration {
+        let message = format!(
+            "--failover-after ({} s) must fall within --duration ({} s); valid: from 0 to less than --duration",
+            args.failover_after.as_secs_f64(),
+            args.duration.as_secs_f64()
+        );
+        Args::command()
+            .error(ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
+    args
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.duration > args.failover_after && args.failover_after >= 0.0,
-        "--failover-after must fall within --duration"
-    );
     for note in &args.strategy.notes {
         eprintln!("failover-table: {note}");
     }
@@ -57,11 +77,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         for &acks in &args.acks {
             let topology =
                 SentinelTopology::start(&bin, &[("REPLICA_ACKS", acks.to_string())]).await?;
-            let plan = Plan::endless(topology.nginx.url(), strategy, args.concurrency);
+            let plan = Plan::endless(topology.nginx.url(), strategy, args.concurrency as usize);
             let load = LoadTest::new(plan)?
-                .with_duration(Duration::from_secs_f64(args.duration))
+                .with_duration(args.duration)
                 .with_failover(Failover {
-                    after: Duration::from_secs_f64(args.failover_after),
+                    after: args.failover_after,
                     sentinel: topology.sentinel(),
                     master_name: loadtest::failover::MASTER_NAME.into(),
                 });
