@@ -6,13 +6,14 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
 use inventory::lock::Strategy;
-use loadtest::tool::seconds;
+use loadtest::tool::Strategies;
 use loadtest::{LoadTest, Plan, StrategyReport, Verdict, html, table};
 
 // The generator's own allocations (a request and its answer per sale) should cost it less
@@ -30,16 +31,17 @@ struct Args {
     /// Base URL of nginx (or of one instance).
     #[arg(long, env = "LOADTEST_TARGET", default_value = "http://127.0.0.1:8080")]
     target: String,
-    /// `all`, or a comma-separated list of strategy names or aliases.
-    #[arg(long, default_value = "all")]
-    strategy: String,
+    /// `all`, or a comma-separated list of strategy names or aliases, in any case; a strategy
+    /// named twice runs once.
+    #[arg(long, default_value = "all", value_parser = loadtest::tool::strategies)]
+    strategy: Strategies,
     /// Stock to start each strategy with [default: 100, or 1000000000 with --duration].
     #[arg(long, value_parser = clap::value_parser!(i64).range(0..=1_000_000_000))]
     stock: Option<i64>,
     /// Throughput mode: sell for this many seconds per strategy instead of `--requests`
     /// times, from a stock that never runs out, so that every request is a sale.
-    #[arg(long, value_name = "SECONDS")]
-    duration: Option<f64>,
+    #[arg(long, value_name = "SECONDS", value_parser = loadtest::tool::seconds_above_zero)]
+    duration: Option<Duration>,
     /// Measure `GET /health` instead of sales (for --duration seconds, default 10): the
     /// generator's own ceiling, to compare with `wrk` on the same target.
     #[arg(long)]
@@ -77,8 +79,9 @@ struct Args {
     /// Kill the master that Sentinel names this many seconds into the run (one strategy
     /// only: the old master stays down). The table's `200 lost` column then counts sales
     /// answered 200 that the new master has no record of.
-    #[arg(long, value_name = "SECONDS", requires = "sentinel")]
-    failover_after: Option<f64>,
+    #[arg(long, value_name = "SECONDS", requires = "sentinel",
+          value_parser = loadtest::tool::seconds_from_zero)]
+    failover_after: Option<Duration>,
     /// A sentinel (`host:port`) to ask for the master, for --failover-after.
     #[arg(long, value_name = "HOST:PORT")]
     sentinel: Option<String>,
@@ -108,17 +111,57 @@ fn health_conflicts(matches: &clap::ArgMatches) -> Vec<String> {
         .collect()
 }
 
-/// The arguments, or clap's own error and exit status 2: for a wrong value, and for options
-/// that `--health` would otherwise ignore without a word (a `--report` never written).
+/// The arguments, or clap's own error and exit status 2 before anything is sent: for a wrong
+/// value, and for options that the run would otherwise ignore without a word (a `--report`
+/// never written).
 fn parse_args() -> Args {
     let matches = Args::command().get_matches();
-    let conflicts = health_conflicts(&matches);
-    if !conflicts.is_empty() {
+    if let Some(refusal) = refusal(&matches) {
         Args::command()
-            .error(ErrorKind::ArgumentConflict, health_refusal(&conflicts))
+            .error(ErrorKind::ArgumentConflict, refusal)
             .exit();
     }
     Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Why no run takes these options together, if none does. As for `--health`, variables from
+/// the environment (`REDIS_MASTER_NAME`) do not count: they serve other runs of the shell.
+fn refusal(matches: &clap::ArgMatches) -> Option<String> {
+    let conflicts = health_conflicts(matches);
+    if !conflicts.is_empty() {
+        return Some(health_refusal(&conflicts));
+    }
+    // Checked here rather than by a value parser, whose error would quote the URL and any
+    // password in it.
+    if let Some(url) = matches.get_one::<String>("target")
+        && let Err(e) = loadtest::conn::Target::parse(url.trim_end_matches('/'))
+    {
+        return Some(format!("--target: {e}"));
+    }
+    let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+    if given("duration") && given("requests") {
+        return Some(
+            "--duration sells for that long and cannot be combined with --requests; give one of them"
+                .into(),
+        );
+    }
+    if !given("failover_after") {
+        // Which master to kill, and where to ask for it: nothing else reads them.
+        let idle = [("sentinel", "--sentinel"), ("master_name", "--master-name")];
+        return idle.iter().find(|(id, _)| given(id)).map(|(_, flag)| {
+            format!("{flag} serves --failover-after only; without --failover-after, leave it out")
+        });
+    }
+    let strategies = matches.get_one::<Strategies>("strategy")?;
+    (strategies.list.len() != 1).then(|| {
+        let names: Vec<&str> = strategies.list.iter().map(|s| s.name()).collect();
+        format!(
+            "--failover-after kills a master: give it one --strategy (the old master stays down); \
+             --strategy names {}: {}",
+            names.len(),
+            names.join(", ")
+        )
+    })
 }
 
 fn health_refusal(conflicts: &[String]) -> String {
@@ -149,18 +192,10 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
-    let strategies = loadtest::tool::strategies(&args.strategy).map_err(anyhow::Error::msg)?;
-    for note in &strategies.notes {
+    for note in &args.strategy.notes {
         eprintln!("loadtest: {note}");
     }
-    let duration = args
-        .duration
-        .map(|s| seconds("--duration", s, false))
-        .transpose()?;
-    let failover_after = args
-        .failover_after
-        .map(|s| seconds("--failover-after", s, true))
-        .transpose()?;
+    let (duration, failover_after) = (args.duration, args.failover_after);
     let default_stock = if duration.is_some() {
         1_000_000_000
     } else {
@@ -168,7 +203,7 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
     };
     let plan = Plan {
         target: args.target,
-        strategies: strategies.list,
+        strategies: args.strategy.list,
         stock: args.stock.unwrap_or(default_stock),
         requests: args.requests,
         concurrency: args.concurrency as usize,
@@ -205,11 +240,8 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
     if let Some(duration) = duration {
         load = load.with_duration(duration);
     }
+    // One strategy, as parse_args made sure.
     if let (Some(after), Some(sentinel)) = (failover_after, args.sentinel) {
-        anyhow::ensure!(
-            plan.strategies.len() == 1,
-            "--failover-after kills a master: give it one --strategy (the old master stays down)"
-        );
         load = load.with_failover(loadtest::failover::Failover {
             after,
             sentinel,

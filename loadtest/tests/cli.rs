@@ -313,7 +313,9 @@ async fn a_target_with_a_prefix_sends_every_request_under_it_and_an_unclear_path
         let to = format!("http://127.0.0.1:{}{unclear}", proxy.port);
         let output = loadtest(&["--target", &to, "--requests", "2", "--strategy", "atomic"]).await;
         let (stdout, stderr) = text(&output);
-        assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+        // A usage error, as a wrong value of any other option is.
+        assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+        assert!(!stderr.contains(&to), "the target is not quoted: {stderr}");
         assert!(
             stderr.contains("valid: http://host:port, or http://host:port/prefix"),
             "{unclear}: {stderr}"
@@ -475,4 +477,80 @@ async fn the_table_tools_refuse_values_they_cannot_run_naming_the_valid_ones_bef
         assert!(stderr.contains(said), "{bin} {args:?}: {stderr}");
         assert_eq!(stdout, "", "{bin} {args:?}");
     }
+}
+
+#[tokio::test]
+async fn loadtest_refuses_wrong_values_and_options_no_run_uses_before_sending_anything() {
+    // Whatever connects here was sent something; every refusal must come first.
+    let witness = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    witness.set_nonblocking(true).unwrap();
+    let to = format!("http://127.0.0.1:{}", witness.local_addr().unwrap().port());
+    let day = "valid: a number of seconds above 0, at most 86400 (a day)";
+    let sentinel = ["--sentinel", "127.0.0.1:1"];
+    for (args, said) in [
+        // Each of these was the run failing (exit 1) rather than a usage error.
+        (
+            &["--strategy", "fenced,v9"][..],
+            "unknown strategy \"v9\"; valid: none, local,",
+        ),
+        (&["--duration", "0"], day),
+        (&["--duration", "inf"], day),
+        (
+            &[
+                &sentinel[..],
+                &["--failover-after=-1", "--strategy", "fenced"],
+            ]
+            .concat(),
+            "valid: a number of seconds from 0, at most 86400 (a day)",
+        ),
+        (
+            &[
+                &sentinel[..],
+                &["--failover-after", "1", "--strategy", "fenced,atomic"],
+            ]
+            .concat(),
+            "--failover-after kills a master: give it one --strategy (the old master stays down); \
+             --strategy names 2: fenced, atomic",
+        ),
+        // And these were taken, and ignored without a word.
+        (
+            &["--duration", "1", "--requests", "50"],
+            "--duration sells for that long and cannot be combined with --requests",
+        ),
+        (
+            &sentinel[..],
+            "--sentinel serves --failover-after only; without --failover-after, leave it out",
+        ),
+        (
+            &["--master-name", "m"],
+            "--master-name serves --failover-after only; without --failover-after, leave it out",
+        ),
+    ] {
+        let mut args = args.to_vec();
+        args.extend(["--target", &to]);
+        let output = loadtest(&args).await;
+        let (stdout, stderr) = text(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {stdout}\n{stderr}"
+        );
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+    }
+    let with_password = to.replace("http://", "http://user:hunter2@");
+    let output = loadtest(&["--target", &with_password]).await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("--target: credentials in the target URL are not supported"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("hunter2"),
+        "the password was printed: {stderr}"
+    );
+    assert!(
+        matches!(witness.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a request was sent"
+    );
 }
