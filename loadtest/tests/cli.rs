@@ -554,3 +554,39 @@ async fn loadtest_refuses_wrong_values_and_options_no_run_uses_before_sending_an
         "a request was sent"
     );
 }
+
+#[tokio::test]
+async fn scenarios_list_refuses_the_options_it_would_ignore() {
+    let output = scenarios(&["--list"]).await;
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.lines().count(),
+        15,
+        "one line per scenario: {stdout}"
+    );
+    // Each was taken and ignored: the list came out as text, and no page was written.
+    for other in [
+        &["--json"][..],
+        &["--report", "/tmp/never.html"],
+        &["--scenario", "failover"],
+        &["--strategy", "fenced"],
+        &["--attempts", "2"],
+    ] {
+        let mut args = vec!["--list"];
+        args.extend(other);
+        let output = scenarios(&args).await;
+        let (stdout, stderr) = text(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {stdout}\n{stderr}"
+        );
+        assert!(
+            stderr.contains("the argument '--list' cannot be used with"),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains(other[0]), "{args:?}: {stderr}");
+        assert_eq!(stdout, "", "{args:?}");
+    }
+}

@@ -33,7 +33,9 @@ struct Args {
     #[arg(long, value_name = "FILE.html")]
     report: Option<std::path::PathBuf>,
     /// List the scenarios and exit.
-    #[arg(long)]
+    // Refused with the options of a run, which it would otherwise ignore: `--list --json`
+    // printed text, and `--list --report` wrote no page.
+    #[arg(long, conflicts_with_all = ["scenario", "strategy", "json", "attempts", "report"])]
     list: bool,
 }
 
