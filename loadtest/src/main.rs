@@ -2,6 +2,7 @@
 //! a comparison and exits 2 when a strategy that should be safe oversold, else 3 when a
 //! strategy's run was INCONCLUSIVE (nothing sold while requests failed or were refused, or
 //! requests refused as wrong): a run that proved nothing must not pass a script's check.
+//! A usage error exits 64 before anything is sent.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -111,17 +112,31 @@ fn health_conflicts(matches: &clap::ArgMatches) -> Vec<String> {
         .collect()
 }
 
-/// The arguments, or clap's own error and exit status 2 before anything is sent: for a wrong
-/// value, and for options that the run would otherwise ignore without a word (a `--report`
-/// never written).
-fn parse_args() -> Args {
-    let matches = Args::command().get_matches();
-    if let Some(refusal) = refusal(&matches) {
-        Args::command()
-            .error(ErrorKind::ArgumentConflict, refusal)
-            .exit();
+/// The exit status of a usage error (sysexits' `EX_USAGE`): 2 says that a strategy oversold,
+/// and a script that checks for it must not read a misspelt option as an oversell.
+const USAGE: i32 = 64;
+
+/// Prints clap's message and exits: `--help` and `--version` as clap does (0), every other
+/// error with [`USAGE`].
+fn usage(error: clap::Error) -> ! {
+    if !error.use_stderr() {
+        error.exit();
     }
-    Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    let _ = error.print();
+    std::process::exit(USAGE)
+}
+
+/// The arguments, or clap's own message and exit status [`USAGE`] before anything is sent:
+/// for a wrong value, and for options that the run would otherwise ignore without a word (a
+/// `--report` never written).
+fn parse_args() -> Args {
+    let matches = Args::command()
+        .try_get_matches()
+        .unwrap_or_else(|e| usage(e));
+    if let Some(refusal) = refusal(&matches) {
+        usage(Args::command().error(ErrorKind::ArgumentConflict, refusal));
+    }
+    Args::from_arg_matches(&matches).unwrap_or_else(|e| usage(e))
 }
 
 /// Why no run takes these options together, if none does. As for `--health`, variables from

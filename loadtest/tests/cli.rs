@@ -28,6 +28,9 @@ async fn run(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
         .expect("the tool runs")
 }
 
+/// loadtest's exit status for a usage error (sysexits' `EX_USAGE`): 2 means an oversell.
+const USAGE: i32 = 64;
+
 async fn loadtest(args: &[&str]) -> Output {
     run(env!("CARGO_BIN_EXE_loadtest"), args, &[]).await
 }
@@ -82,7 +85,7 @@ async fn health_refuses_options_it_would_ignore_before_sending_anything() {
     ])
     .await;
     let (stdout, stderr) = text(&output);
-    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert_eq!(output.status.code(), Some(USAGE), "{stdout}\n{stderr}");
     assert!(
         stderr.contains(
             "--health measures GET /health only and cannot be combined with \
@@ -314,7 +317,7 @@ async fn a_target_with_a_prefix_sends_every_request_under_it_and_an_unclear_path
         let output = loadtest(&["--target", &to, "--requests", "2", "--strategy", "atomic"]).await;
         let (stdout, stderr) = text(&output);
         // A usage error, as a wrong value of any other option is.
-        assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+        assert_eq!(output.status.code(), Some(USAGE), "{stdout}\n{stderr}");
         assert!(!stderr.contains(&to), "the target is not quoted: {stderr}");
         assert!(
             stderr.contains("valid: http://host:port, or http://host:port/prefix"),
@@ -532,7 +535,7 @@ async fn loadtest_refuses_wrong_values_and_options_no_run_uses_before_sending_an
         let (stdout, stderr) = text(&output);
         assert_eq!(
             output.status.code(),
-            Some(2),
+            Some(USAGE),
             "{args:?}: {stdout}\n{stderr}"
         );
         assert!(stderr.contains(said), "{args:?}: {stderr}");
@@ -540,7 +543,7 @@ async fn loadtest_refuses_wrong_values_and_options_no_run_uses_before_sending_an
     let with_password = to.replace("http://", "http://user:hunter2@");
     let output = loadtest(&["--target", &with_password]).await;
     let (stdout, stderr) = text(&output);
-    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert_eq!(output.status.code(), Some(USAGE), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("--target: credentials in the target URL are not supported"),
         "{stderr}"
