@@ -54,14 +54,18 @@ pub struct Claim {
     pub key: String,
     pub marker: String,
     pub keep: Duration,
+    /// When the claim runs out in Redis at the latest (it is written a little after this is
+    /// reckoned): settling it after that changes nothing.
+    pub pending_until: tokio::time::Instant,
 }
 
 impl Claim {
-    pub fn new(redis_key: String, order_id: &str, keep: Duration) -> Self {
+    pub fn new(redis_key: String, order_id: &str, keep: Duration, pending_for: Duration) -> Self {
         Self {
             key: redis_key,
             marker: format!("pending:{order_id}"),
             keep,
+            pending_until: tokio::time::Instant::now() + pending_for,
         }
     }
 }

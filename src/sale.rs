@@ -301,15 +301,15 @@ impl Seller {
     ) -> Result<Next, SaleError> {
         let store = item.store();
         let redis_key = store.keys.idempotency(key.as_str());
-        let claim = Claim::new(redis_key, order_id, self.idempotency_keep);
         let pending_for = self.wait_budget + request.work + idempotency::PENDING_MARGIN;
+        let claim = Claim::new(redis_key, order_id, self.idempotency_keep, pending_for);
         match store.claim(claim.clone(), pending_for).await {
             Ok(next) => Ok(next),
             Err(e) => {
                 // The claim may sit queued in a Redis that stopped answering, and would then
                 // answer every retry "in progress" until it expires. Nothing was sold under
                 // it, so it is freed as soon as Redis answers again.
-                self.resolve_unknown(store, &claim);
+                settle_when_redis_answers(store, &claim, None);
                 Err(e.into())
             }
         }
@@ -333,29 +333,14 @@ impl Seller {
             // replays it if the write survives, and sells afresh if a failover lost both.
             SaleError::NotReplicated { written: true, .. } => return,
             SaleError::InProgress => return,
-            SaleError::OutcomeUnknown(_) => return self.resolve_unknown(store, claim),
+            SaleError::OutcomeUnknown(_) => return settle_when_redis_answers(store, claim, None),
         };
         if let Err(e) = store.settle(claim, keep).await {
-            tracing::warn!(error = %e, "could not settle an idempotency key; it expires on its own");
+            // Redis went away during the sale (the reason it failed, often): the answer
+            // said "retry", and a retry must not hear "in progress" until the claim expires.
+            tracing::warn!(error = %e, "could not settle an idempotency key; trying again until Redis answers");
+            settle_when_redis_answers(store, claim, keep);
         }
-    }
-
-    /// After a claim or a write whose answer never came, frees the claim as soon as Redis
-    /// answers again. Safe whichever lands first: the write checks the claim before it writes, so
-    /// once the claim is freed a late write is refused; and a write that landed first has
-    /// replaced the claim with its sale, which the settle leaves alone. Either way the key
-    /// soon tells a retry the truth, instead of "in progress" until the claim expires.
-    fn resolve_unknown(&self, store: &Store, claim: &Claim) {
-        let (store, claim) = (store.clone(), claim.clone());
-        let give_up = Instant::now() + self.wait_budget + idempotency::PENDING_MARGIN;
-        tokio::spawn(async move {
-            while Instant::now() < give_up {
-                match store.settle(&claim, None).await {
-                    Ok(_) => return,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-        });
     }
 
     async fn sell_atomic(&self, item: &Item, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
@@ -530,6 +515,25 @@ impl Seller {
             tracing::warn!(error = %e, "lock release failed; the lock is freed when its lease ends");
         }
     }
+}
+
+/// Settles `claim` (frees it, or keeps `keep`) in a task of its own, as soon as Redis answers
+/// again, until the claim would have run out anyway: after a claim, a failed sale or a write
+/// whose answer never came, while Redis is away. Safe whenever it lands: the settle changes the
+/// key only while it holds this claim; the write checks the claim before it writes, so once the
+/// claim is freed a late write is refused; and a write that landed first has replaced the
+/// claim with its sale, which the settle leaves alone. Either way the key soon tells a retry
+/// the truth, instead of "in progress" until the claim expires.
+fn settle_when_redis_answers(store: &Store, claim: &Claim, keep: Option<&'static str>) {
+    let (store, claim) = (store.clone(), claim.clone());
+    tokio::spawn(async move {
+        while Instant::now() < claim.pending_until {
+            match store.settle(&claim, keep).await {
+                Ok(_) => return,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
 }
 
 /// What an earlier attempt with the same key left: its sale, replayed, or its refusal.

@@ -487,10 +487,13 @@ async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_wi
     let (redis, mut c, k) = setup().await;
     let store = store(&redis);
     store.reset(5).await.unwrap();
-    let claim = |order: &str| Claim {
-        key: k.idempotency("retry-1"),
-        marker: format!("pending:{order}"),
-        keep: Duration::from_secs(60),
+    let claim = |order: &str| {
+        Claim::new(
+            k.idempotency("retry-1"),
+            order,
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        )
     };
     let (mine, theirs) = (claim("o-1"), claim("o-2"));
     let sell = |claim: &Claim| {

@@ -599,6 +599,61 @@ async fn a_retry_while_the_first_attempt_is_in_flight_never_sells_twice() {
     assert!(kept.starts_with("sold:"), "{kept}");
 }
 
+/// A sale that failed because Redis went away mid-sale answers "nothing sold, retry" (or
+/// "outcome unknown, retry with the key"): once Redis is back, the retry with its
+/// Idempotency-Key must sell (or replay what landed), not hear "in progress" until the claim
+/// runs out (about 40 s; the settle that frees the key had failed on the same dead Redis and
+/// was never tried again). Every way of selling: locked, lock-free, optimistic.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_whose_sale_failed_with_redis_gone_sells_on_retry_once_redis_is_back() {
+    let mut redis = RedisServer::start_durable().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
+        .start()
+        .await;
+    app.reset(100).await;
+    // The naive locks stay out: their blind release is not sent late (it could delete the
+    // next holder's lock), so their lock stays until its lease and the retry waits for that.
+    for strategy in ["fenced", "lua-release", "watchdog", "atomic", "optimistic"] {
+        let key = format!("gone-mid-sale-{strategy}");
+        let sales_before = app.audit().await["sales"].as_i64().unwrap();
+        let slow = format!("strategy={strategy}&work_ms=1000");
+        let (first, ()) = tokio::join!(app.sale_with_key(&slow, &key), async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            redis.stop().await;
+        });
+        assert!(
+            [503, 504].contains(&first.status),
+            "{strategy}: Redis was killed before the write: {first:?}"
+        );
+        redis.restart().await;
+        let back = Instant::now();
+        let retry = loop {
+            let retry = app
+                .sale_with_key(&format!("strategy={strategy}"), &key)
+                .await;
+            if retry.status == 200 || back.elapsed() > Duration::from_secs(5) {
+                break retry;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(
+            retry.status,
+            200,
+            "{strategy}: the retry with its key, {:?} after Redis came back, after {first:?}: {retry:?}\n{}",
+            back.elapsed(),
+            app.log()
+        );
+        let audit = app.audit().await;
+        assert_eq!(
+            audit["sales"].as_i64().unwrap() - sales_before,
+            1,
+            "{strategy}: one sale for the key: {audit}"
+        );
+        assert_eq!(audit["clean"], true, "{strategy}: {audit}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn idempotency_keys_expire_after_their_ttl_and_sold_out_is_replayed() {
     let cluster = Cluster::start(1, |b| b.env("IDEMPOTENCY_TTL_S", 1)).await;
