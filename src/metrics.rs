@@ -26,10 +26,11 @@ pub enum Outcome {
     TooMuchContention,
     PoolExhausted,
     NotReplicated,
+    ClientGone,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 14] = [
+    const ALL: [Outcome; 15] = [
         Outcome::Sold,
         Outcome::SoldOut,
         Outcome::LockTimeout,
@@ -44,6 +45,7 @@ impl Outcome {
         Outcome::TooMuchContention,
         Outcome::PoolExhausted,
         Outcome::NotReplicated,
+        Outcome::ClientGone,
     ];
 
     pub fn label(self) -> &'static str {
@@ -62,6 +64,7 @@ impl Outcome {
             Outcome::TooMuchContention => "too_much_contention",
             Outcome::PoolExhausted => "pool_exhausted",
             Outcome::NotReplicated => "not_replicated",
+            Outcome::ClientGone => "client_gone",
         }
     }
 }

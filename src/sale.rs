@@ -31,6 +31,45 @@ pub struct SaleRequest {
     pub reenter: bool,
 }
 
+/// Whether the client of a sale is still there to hear its answer. The HTTP handler holds a
+/// [`HangupGuard`]: dropped with the handler's future (the client closed its connection, or
+/// nginx closed its own after the client left), it marks the sale's client gone. The sale
+/// itself runs in a task of its own and is never cut short mid-way: it looks at this only
+/// where stopping is clean, once it holds the lock and before it writes, and then sells
+/// nothing. A sale nobody waits for would sell stock to nobody (each buyer left, 504 in
+/// hand, and may buy again), and queued sales of clients long gone kept selling for the
+/// whole wait budget after them.
+#[derive(Debug, Clone, Default)]
+pub struct Hangup(Option<Arc<std::sync::atomic::AtomicBool>>);
+
+impl Hangup {
+    /// A client that never goes away (a sale run from code, not from a request).
+    pub fn never() -> Self {
+        Self(None)
+    }
+
+    /// A hangup to give the sale, and the guard whose drop raises it.
+    pub fn watch() -> (Self, HangupGuard) {
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        (Self(Some(flag.clone())), HangupGuard(flag))
+    }
+
+    pub fn is_gone(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// Held by the request: its drop tells the sale that nobody waits for its answer.
+pub struct HangupGuard(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for HangupGuard {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A successful sale.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"sold": true, "remaining": 76, "instance": "app1:7777",
@@ -102,6 +141,9 @@ pub enum SaleError {
         wanted: u32,
         written: bool,
     },
+    /// The client went away before the sale wrote: nothing was written, and nobody hears
+    /// this answer (it is logged and counted).
+    ClientGone,
 }
 
 impl SaleError {
@@ -125,6 +167,7 @@ impl SaleError {
             SaleError::Redis(_) => Outcome::RedisUnavailable,
             SaleError::OutcomeUnknown(_) => Outcome::OutcomeUnknown,
             SaleError::NotReplicated { .. } => Outcome::NotReplicated,
+            SaleError::ClientGone => Outcome::ClientGone,
         }
     }
 }
@@ -171,6 +214,7 @@ struct SaleAttempt {
     request: SaleRequest,
     order_id: String,
     claim: Option<Claim>,
+    hangup: Hangup,
 }
 
 impl SaleAttempt {
@@ -202,9 +246,13 @@ impl Seller {
         id: &str,
         request: SaleRequest,
         idempotency_key: Option<&idempotency::Key>,
+        hangup: Hangup,
     ) -> Result<Completed, SaleError> {
         let outcome = match self.items.stocked(id).await {
-            Ok(Some(item)) => self.sell_uncounted(&item, request, idempotency_key).await,
+            Ok(Some(item)) => {
+                self.sell_uncounted(&item, request, idempotency_key, hangup)
+                    .await
+            }
             Ok(None) => Err(SaleError::UnknownItem),
             Err(e) => Err(e.into()),
         };
@@ -219,8 +267,11 @@ impl Seller {
         item: &Item,
         request: SaleRequest,
         idempotency_key: Option<&idempotency::Key>,
+        hangup: Hangup,
     ) -> Result<Completed, SaleError> {
-        let outcome = self.sell_uncounted(item, request, idempotency_key).await;
+        let outcome = self
+            .sell_uncounted(item, request, idempotency_key, hangup)
+            .await;
         self.count(request.strategy, &outcome);
         outcome
     }
@@ -244,6 +295,7 @@ impl Seller {
         item: &Item,
         request: SaleRequest,
         idempotency_key: Option<&idempotency::Key>,
+        hangup: Hangup,
     ) -> Result<Completed, SaleError> {
         if item.needs_stock_check() {
             // Before anything is written for the sale: an item nobody stocked gets no lock
@@ -265,6 +317,7 @@ impl Seller {
             request,
             order_id,
             claim,
+            hangup,
         };
         // The locked and optimistic sales are boxed: their state machines (the waits, the
         // watchdog, the retries) are kilobytes, and an unboxed arm would make every sale's
@@ -328,6 +381,7 @@ impl Seller {
             | SaleError::TooMuchContention { .. }
             | SaleError::UnknownItem
             | SaleError::NotReplicated { written: false, .. }
+            | SaleError::ClientGone
             | SaleError::Redis(_) => None,
             // The sale script stored its outcome under the key with the write: a retry
             // replays it if the write survives, and sells afresh if a failover lost both.
@@ -345,6 +399,9 @@ impl Seller {
 
     async fn sell_atomic(&self, item: &Item, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
         work(Instant::now(), attempt.request.work).await;
+        if attempt.hangup.is_gone() {
+            return Err(SaleError::ClientGone);
+        }
         let recorded = atomic_sell(item.store(), &attempt.entry(&self.instance))
             .await
             .map_err(after_write)?;
@@ -354,7 +411,15 @@ impl Seller {
     async fn sell_optimistic(&self, item: &Item, attempt: &SaleAttempt) -> Result<Sold, SaleError> {
         let deadline = Instant::now() + self.wait_budget;
         let entry = attempt.entry(&self.instance);
-        match optimistic::sell(item.store(), &entry, attempt.request.work, deadline).await {
+        match optimistic::sell(
+            item.store(),
+            &entry,
+            attempt.request.work,
+            deadline,
+            &attempt.hangup,
+        )
+        .await
+        {
             Ok((recorded, _attempts)) => {
                 self.recorded(item, attempt, recorded, None, Duration::ZERO)
             }
@@ -363,6 +428,7 @@ impl Seller {
             }
             Err(optimistic::Failure::Redis(e)) => Err(SaleError::Redis(e)),
             Err(optimistic::Failure::Unknown(e)) => Err(SaleError::OutcomeUnknown(e)),
+            Err(optimistic::Failure::ClientGone) => Err(SaleError::ClientGone),
         }
     }
 
@@ -374,6 +440,11 @@ impl Seller {
         let locks = &item.locks;
         let outages = item.store().outages();
         let mut guard = locks.acquire(strategy, &owner, deadline, false).await?;
+        if attempt.hangup.is_gone() {
+            // Its client left while it waited: nothing read, nothing written.
+            self.release(item, guard).await;
+            return Err(SaleError::ClientGone);
+        }
         if item.store().outages() != outages {
             // Redis stopped answering while this sale waited (the sale ahead of it timed
             // out): it would only wait out the same timeout in its turn. Nothing written.
@@ -445,6 +516,9 @@ impl Seller {
         work(read_at, attempt.request.work).await;
         if !guard.lease_confirmed().await || guard.is_lost() {
             return Err(SaleError::LockLost);
+        }
+        if attempt.hangup.is_gone() {
+            return Err(SaleError::ClientGone);
         }
         let entry = attempt.entry(&self.instance);
         let recorded = match item.locks.next_read(guard) {

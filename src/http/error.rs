@@ -17,7 +17,8 @@ pub struct ErrorBody {
     /// One of: bad_request, payload_too_large, request_timeout, unauthorized, not_found,
     /// method_not_allowed, unknown_item, sold_out, lock_lost, stale_fence, stock_changed,
     /// in_progress, lock_timeout, too_much_contention, pool_exhausted, redis_unavailable,
-    /// redis_auth_failed, not_replicated, outcome_unknown, internal.
+    /// redis_auth_failed, not_replicated, outcome_unknown, internal (and client_gone, in the logs
+    /// and metrics only: the client of that sale had left).
     pub error: String,
     pub message: String,
 }
@@ -203,6 +204,13 @@ impl ApiError {
             ),
             ApiError::Sale(e) => {
                 let (status, message) = match e {
+                    // nginx's own code for a request whose client closed the connection
+                    // first: nobody reads this answer, but the log and the metrics do.
+                    SaleError::ClientGone => (
+                        StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+                        "the client closed its connection before the sale wrote; nothing was sold"
+                            .into(),
+                    ),
                     SaleError::SoldOut { replayed: false } => {
                         (StatusCode::CONFLICT, "the item is sold out".into())
                     }

@@ -19,7 +19,7 @@ use utoipa_axum::routes;
 use super::extract::{Admin, ApiJson, ApiQuery, ItemPath};
 use super::{ApiError, AppState, ErrorBody, TAG_INVENTORY, TAG_SALE};
 use crate::idempotency;
-use crate::sale::{Completed, MAX_WORK_MS, SaleRequest, Sold};
+use crate::sale::{Completed, Hangup, MAX_WORK_MS, SaleRequest, Sold};
 use crate::store::{Audit, Inventory};
 use crate::strategy::Strategy;
 
@@ -188,18 +188,22 @@ async fn sell(
         // sells nothing, one of the two outcomes nginx's 504 announces. So it runs in the
         // request's own task: a task of its own costs a spawn and, often, a wake-up of the
         // other worker thread, about a third of the instance's CPU per atomic sale.
-        sell_in_place(&app, item.as_deref(), request, None).await?
+        sell_in_place(&app, item.as_deref(), request, None, Hangup::never()).await?
     } else {
-        // The sale runs in its own task: a sale that reached the instance is made even if
-        // its client hangs up (nginx answers 504: it may have sold), and never abandoned
-        // half-way, between taking the lock and releasing it or between claiming an
-        // idempotency key and settling it. The task keeps the request's span, and so its
-        // request id.
+        // The sale runs in its own task: it is never abandoned half-way, between taking
+        // the lock and releasing it or between claiming an idempotency key and settling it,
+        // if its client hangs up (nginx then answers 504: it may have sold). It stops
+        // cleanly instead, before its write, or goes through if the write was sent. The task
+        // keeps the request's span, and so its request id.
         // Spawned in a block: a moved-from future still takes room in the handler's own
         // future while its binding is in scope across an await.
+        // The guard lives in this future: a client gone drops it, and the sale, which
+        // outlives it, stops where stopping is clean (see `Hangup`).
+        let (hangup, _client_waits) = Hangup::watch();
         let task = {
-            let sale =
-                async move { sell_in_place(&app, item.as_deref(), request, key.as_ref()).await };
+            let sale = async move {
+                sell_in_place(&app, item.as_deref(), request, key.as_ref(), hangup).await
+            };
             tokio::spawn(sale.instrument(tracing::Span::current()))
         };
         task.await
@@ -219,14 +223,18 @@ async fn sell_in_place(
     item: Option<&str>,
     request: SaleRequest,
     key: Option<&idempotency::Key>,
+    hangup: Hangup,
 ) -> Result<Completed, ApiError> {
     let seller = &app.seller;
     let (sold, id) = match item {
         None => {
             let default = seller.items.default_item();
-            (seller.sell(default, request, key).await, default.id())
+            (
+                seller.sell(default, request, key, hangup).await,
+                default.id(),
+            )
         }
-        Some(id) => (seller.sell_item(id, request, key).await, id),
+        Some(id) => (seller.sell_item(id, request, key, hangup).await, id),
     };
     sold.map_err(|e| ApiError::sale(e, id))
 }
@@ -251,6 +259,16 @@ enum SaleResponses {
     #[response(status = 404, example = json!({"error": "unknown_item",
         "message": "item 002 has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory/002"}))]
     UnknownItem(ErrorBody),
+    /// Nothing sold: the sale takes no body, and one that did not arrive within
+    /// `HEADER_TIMEOUT_MS` is refused (`request_timeout`)
+    #[response(status = 408, example = json!({"error": "request_timeout",
+        "message": "the request body did not arrive in time (HEADER_TIMEOUT_MS); nothing was changed"}))]
+    RequestTimeout(ErrorBody),
+    /// Nothing sold: the sale takes no body, and one larger than 16 KiB is refused
+    /// (`payload_too_large`)
+    #[response(status = 413, example = json!({"error": "payload_too_large",
+        "message": "request body over 16 KiB; valid: at most 16384 bytes"}))]
+    PayloadTooLarge(ErrorBody),
     /// Nothing sold: `sold_out`; the lock was lost before the write (`lock_lost`,
     /// `stale_fence`); a writer that takes no lock (an `atomic` sale, a reset) changed the
     /// stock during the sale (`stock_changed`); or an attempt with the same

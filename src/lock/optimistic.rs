@@ -35,6 +35,8 @@ pub enum Failure {
     Redis(RedisError),
     /// An `EXEC` was sent and its answer never came: it may have sold.
     Unknown(RedisError),
+    /// The client went away before an `EXEC` was sent: nothing sold.
+    ClientGone,
 }
 
 /// What one attempt came to.
@@ -53,6 +55,7 @@ pub async fn sell(
     entry: &Entry<'_>,
     work: Duration,
     deadline: Instant,
+    hangup: &crate::sale::Hangup,
 ) -> Result<(Recorded, u32), Failure> {
     let strategy = Strategy::Optimistic;
     let started = Instant::now();
@@ -63,7 +66,7 @@ pub async fn sell(
         if attempts > 1 {
             store.metrics().retry(strategy);
         }
-        match attempt(store, entry, work).await? {
+        match attempt(store, entry, work, hangup).await? {
             Attempt::Done(recorded) => return Ok((recorded, attempts)),
             Attempt::ScriptLoaded if Instant::now() < deadline => {}
             Attempt::ScriptLoaded => {
@@ -102,7 +105,12 @@ fn backoff(conflicts: u32) -> Duration {
 /// work: the script is loaded before the first `WATCH`, and again after Redis lost it.
 static SCRIPT_LOADED: AtomicBool = AtomicBool::new(false);
 
-async fn attempt(store: &Store, entry: &Entry<'_>, work: Duration) -> Result<Attempt, Failure> {
+async fn attempt(
+    store: &Store,
+    entry: &Entry<'_>,
+    work: Duration,
+    hangup: &crate::sale::Hangup,
+) -> Result<Attempt, Failure> {
     // The checkout, the script's load and the WATCH with its read share one timeout: the
     // checkout pings a pooled connection (or opens one), and a frozen Redis leaves that
     // unanswered as it would the WATCH, so bounding each apart cost two timeouts or three.
@@ -168,6 +176,10 @@ async fn attempt(store: &Store, entry: &Entry<'_>, work: Duration) -> Result<Att
     if !work.is_zero() {
         tokio::time::sleep(work).await;
     }
+    if hangup.is_gone() {
+        end_watch(store, conn).await;
+        return Err(Failure::ClientGone);
+    }
     let sell = store.optimistic_sell(entry, new_stock);
     let mut exec = redis::pipe();
     exec.atomic().invoke_script(&sell);
@@ -229,11 +241,14 @@ async fn acknowledged(
 
 /// Ends the WATCH of an attempt that will not write; a connection that cannot say so is
 /// closed rather than pooled with its WATCH.
-async fn unwatch(
-    store: &Store,
-    mut conn: deadpool_redis::Connection,
-    outcome: Recorded,
-) -> Recorded {
+async fn unwatch(store: &Store, conn: deadpool_redis::Connection, outcome: Recorded) -> Recorded {
+    end_watch(store, conn).await;
+    outcome
+}
+
+/// Gives the connection back to the pool without its WATCH (or closes it, when Redis does
+/// not answer the `UNWATCH`).
+async fn end_watch(store: &Store, mut conn: deadpool_redis::Connection) {
     let unwatch = redis::cmd("UNWATCH");
     if bounded(store, unwatch.query_async::<()>(&mut *conn))
         .await
@@ -241,7 +256,6 @@ async fn unwatch(
     {
         discard(conn);
     }
-    outcome
 }
 
 /// Takes the connection out of the pool for good and closes it: Redis forgets its WATCH

@@ -654,6 +654,62 @@ async fn a_key_whose_sale_failed_with_redis_gone_sells_on_retry_once_redis_is_ba
     }
 }
 
+/// A sale whose client hung up before the sale wrote sells nothing: the sale runs in a task
+/// of its own (so that nothing is abandoned half-way), and it used to sell to nobody, for as
+/// long as it could wait for the lock: clients that left in a queue kept buying stock after
+/// them, each with a 504 in hand that invites buying again. Every way of selling, locked or
+/// not: clients that give up while they wait for the lock, or during the work before the
+/// write, buy nothing; the one that waits is sold to.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sale_whose_client_hung_up_before_it_wrote_sells_nothing() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1").start().await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    for strategy in [
+        "fenced",
+        "lua-release",
+        "watchdog",
+        "reentrant",
+        "owner-check",
+        "setnx-ttl",
+        "setnx",
+        "optimistic",
+        "atomic",
+    ] {
+        app.reset(100).await;
+        let holder = format!("strategy={strategy}&work_ms=800");
+        let (held, ()) = tokio::join!(app.sale(&holder), async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let url = app.url(&format!("/inventory/sale?strategy={strategy}&work_ms=600"));
+            let quitters = (0..6).map(|_| impatient.post(&url).send());
+            for gave_up in futures_util::future::join_all(quitters).await {
+                assert!(
+                    gave_up.as_ref().is_err_and(reqwest::Error::is_timeout),
+                    "{strategy}: {gave_up:?}"
+                );
+            }
+        });
+        assert_eq!(held.status, 200, "{strategy}: {held:?}");
+        // Long enough for two quitters to have had the lock and their work, and sold, as
+        // they did before.
+        tokio::time::sleep(Duration::from_millis(2 * 600 + 500)).await;
+        let audit = app.audit().await;
+        assert_eq!(
+            (audit["sales"].as_i64(), audit["clean"].as_bool()),
+            (Some(1), Some(true)),
+            "{strategy}: only the client that waited bought: {audit}\n{}",
+            app.log()
+        );
+        assert!(
+            app.log().contains("client_gone"),
+            "{strategy}: the refusals are logged"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn idempotency_keys_expire_after_their_ttl_and_sold_out_is_replayed() {
     let cluster = Cluster::start(1, |b| b.env("IDEMPOTENCY_TTL_S", 1)).await;
