@@ -377,6 +377,16 @@ fn redis_parts(e: &RedisError, effect: Effect) -> (StatusCode, &'static str, Str
                 effect.refused()
             ),
         )
+    } else if e.is_connection_refusal() {
+        // No connection, so nothing was sent: certain, for a reset as for a sale.
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "redis_unavailable",
+            format!(
+                "Redis refused the connection{}; retry shortly",
+                effect.refused()
+            ),
+        )
     } else if unavailable(e) {
         (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -388,7 +388,8 @@ async fn health_stays_200_and_ready_turns_503_fast_while_redis_is_down() {
         (503, "redis_unavailable"),
         "{ready:?}"
     );
-    // Only a sale says it sold nothing; a reset says it may have landed.
+    // Only a sale says it sold nothing; a reset whose connection was refused says it was not
+    // applied (nothing was sent).
     let message = ready.body["message"].as_str().unwrap_or_default();
     assert!(!message.contains("sold"), "/ready: {message}");
     let reset = app.put_inventory(r#"{"stock": 5}"#, None).await;
@@ -399,7 +400,7 @@ async fn health_stays_200_and_ready_turns_503_fast_while_redis_is_down() {
     );
     let message = reset.body["message"].as_str().unwrap_or_default();
     assert!(
-        !message.contains("sold") && message.contains("may or may not have been applied"),
+        !message.contains("sold") && message.contains("the stock was not reset"),
         "PUT /inventory: {message}"
     );
     let sale = app.sale("").await;
