@@ -212,7 +212,7 @@ impl InstanceBuilder {
             name: self.name,
             port: process.port,
             process,
-            http: reqwest::Client::new(),
+            http: client(),
         }
     }
 }
@@ -376,6 +376,17 @@ impl Cluster {
 /// A real nginx in front of the instances, rendered from the native stack's template.
 pub use crate::NginxProcess as Nginx;
 
+/// The tests' HTTP client. It forgets an idle connection before the servers close it
+/// (`HEADER_TIMEOUT_MS`, 10 s, for an instance; nginx's `keepalive_timeout`, 15 s):
+/// reused at the very moment the server closed it, it failed the request ("error sending
+/// request") after a 10 s wait for a lock, whose length is exactly that timeout.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(5))
+        .build()
+        .expect("a client without TLS settings builds")
+}
+
 /// The whole stack: Redis, two instances, nginx in front.
 pub struct Stack {
     pub cluster: Cluster,
@@ -392,7 +403,7 @@ impl Stack {
         Self {
             cluster,
             nginx,
-            http: reqwest::Client::new(),
+            http: client(),
         }
     }
 

@@ -9,9 +9,6 @@ use loadtest::lockbench::{self, Contender, Load};
 use loadtest::tool::seconds;
 use testkit::RedisProcess;
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Lock bench: acquire -> GET -> SET -> release, C processes, one lock.
 #[derive(Debug, Parser)]
 #[command(
