@@ -19,12 +19,14 @@
 //! - [`idempotency`]: `Idempotency-Key` (its key type, its claim, what a retry finds), so
 //!   that a retried sale never sells twice.
 //! - [`names`]: what a client may put into a Redis key name.
+//! - [`hangup`]: whether a sale's client still waits for its answer.
 //! - [`metrics`]: Prometheus counters and histograms.
 //! - [`http`]: routes, OpenAPI and Swagger UI, and the mapping of outcomes to statuses.
 //! - [`server`]: wiring and graceful shutdown, for `main` and for tests.
 
 pub mod config;
 pub mod events;
+pub mod hangup;
 pub mod http;
 pub mod idempotency;
 pub mod items;

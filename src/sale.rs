@@ -31,44 +31,7 @@ pub struct SaleRequest {
     pub reenter: bool,
 }
 
-/// Whether the client of a sale is still there to hear its answer. The HTTP handler holds a
-/// [`HangupGuard`]: dropped with the handler's future (the client closed its connection, or
-/// nginx closed its own after the client left), it marks the sale's client gone. The sale
-/// itself runs in a task of its own and is never cut short mid-way: it looks at this only
-/// where stopping is clean, once it holds the lock and before it writes, and then sells
-/// nothing. A sale nobody waits for would sell stock to nobody (each buyer left, 504 in
-/// hand, and may buy again), and queued sales of clients long gone kept selling for the
-/// whole wait budget after them.
-#[derive(Debug, Clone, Default)]
-pub struct Hangup(Option<Arc<std::sync::atomic::AtomicBool>>);
-
-impl Hangup {
-    /// A client that never goes away (a sale run from code, not from a request).
-    pub fn never() -> Self {
-        Self(None)
-    }
-
-    /// A hangup to give the sale, and the guard whose drop raises it.
-    pub fn watch() -> (Self, HangupGuard) {
-        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        (Self(Some(flag.clone())), HangupGuard(flag))
-    }
-
-    pub fn is_gone(&self) -> bool {
-        self.0
-            .as_ref()
-            .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
-    }
-}
-
-/// Held by the request: its drop tells the sale that nobody waits for its answer.
-pub struct HangupGuard(Arc<std::sync::atomic::AtomicBool>);
-
-impl Drop for HangupGuard {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
+pub use crate::hangup::{Hangup, HangupGuard};
 
 /// A successful sale.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

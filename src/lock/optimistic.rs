@@ -55,7 +55,7 @@ pub async fn sell(
     entry: &Entry<'_>,
     work: Duration,
     deadline: Instant,
-    hangup: &crate::sale::Hangup,
+    hangup: &crate::hangup::Hangup,
 ) -> Result<(Recorded, u32), Failure> {
     let strategy = Strategy::Optimistic;
     let started = Instant::now();
@@ -109,7 +109,7 @@ async fn attempt(
     store: &Store,
     entry: &Entry<'_>,
     work: Duration,
-    hangup: &crate::sale::Hangup,
+    hangup: &crate::hangup::Hangup,
 ) -> Result<Attempt, Failure> {
     // The checkout, the script's load and the WATCH with its read share one timeout: the
     // checkout pings a pooled connection (or opens one), and a frozen Redis leaves that
