@@ -40,13 +40,20 @@ async fn instance_with_lock_nodes(redis: &RedisServer) -> (LockNodes, Instance) 
     (nodes, app)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_redis_outage_gets_fast_503s_and_sales_resume_within_two_seconds_of_its_return() {
-    let mut redis = RedisServer::start_durable().await;
+/// A Redis that keeps its data across a restart, and one instance on it whose calls time out
+/// after [`REDIS_TIMEOUT_MS`]: the setting of every test that stops and restarts Redis.
+async fn durable_redis_and_instance() -> (RedisServer, Instance) {
+    let redis = RedisServer::start_durable().await;
     let app = InstanceBuilder::new(&redis, "app1")
         .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
         .start()
         .await;
+    (redis, app)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_outage_gets_fast_503s_and_sales_resume_within_two_seconds_of_its_return() {
+    let (mut redis, app) = durable_redis_and_instance().await;
     app.reset(10).await;
     assert_eq!(app.sale("").await.status, 200);
 
@@ -274,11 +281,7 @@ async fn a_frozen_redis_costs_every_sale_in_line_about_the_timeout_not_one_timeo
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_redis_answers_every_sale_in_line_within_about_the_timeout() {
     const IN_LINE: usize = 24;
-    let mut redis = RedisServer::start_durable().await;
-    let app = InstanceBuilder::new(&redis, "app1")
-        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
-        .start()
-        .await;
+    let (mut redis, app) = durable_redis_and_instance().await;
     for strategy in [
         "fenced",
         "lua-release",
@@ -606,11 +609,7 @@ async fn a_retry_while_the_first_attempt_is_in_flight_never_sells_twice() {
 /// was never tried again). Every way of selling: locked, lock-free, optimistic.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_whose_sale_failed_with_redis_gone_sells_on_retry_once_redis_is_back() {
-    let mut redis = RedisServer::start_durable().await;
-    let app = InstanceBuilder::new(&redis, "app1")
-        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
-        .start()
-        .await;
+    let (mut redis, app) = durable_redis_and_instance().await;
     app.reset(100).await;
     // The naive locks stay out: their blind release is not sent late (it could delete the
     // next holder's lock), so their lock stays until its lease and the retry waits for that.
@@ -1076,11 +1075,7 @@ async fn send_raw_body(
 /// a restock, a read.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_first_request_after_redis_restarted_behind_an_idle_instance_succeeds() {
-    let mut redis = RedisServer::start_durable().await;
-    let app = InstanceBuilder::new(&redis, "app1")
-        .env("REDIS_TIMEOUT_MS", REDIS_TIMEOUT_MS)
-        .start()
-        .await;
+    let (mut redis, app) = durable_redis_and_instance().await;
     app.reset(100).await;
     assert_eq!(app.sale("strategy=fenced").await.status, 200);
     let firsts = [

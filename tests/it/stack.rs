@@ -223,6 +223,15 @@ fn stack_script(
     )
 }
 
+/// What a run of the script printed, stdout then stderr.
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 fn listening(port: u16) -> bool {
     std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
@@ -247,13 +256,6 @@ async fn the_native_stack_starts_twice_harmlessly_and_stops_without_leftovers() 
     };
 
     let first = stack_script(run_dir.path(), ports, "up");
-    let text = |o: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    };
     assert!(first.status.success(), "{}", text(&first));
     let pids: Vec<String> = native::pid_files(run_dir.path())
         .iter()
@@ -316,13 +318,6 @@ async fn the_native_stack_comes_back_with_up_after_every_leader_was_killed() {
         script: &script,
         run_dir: run_dir.path(),
         inventory: env!("CARGO_BIN_EXE_inventory").as_ref(),
-    };
-    let text = |o: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
     };
     let first = stack_script(run_dir.path(), ports, "up");
     assert!(first.status.success(), "{}", text(&first));
