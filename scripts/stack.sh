@@ -208,6 +208,27 @@ wait_for_sentinels() {
     done
   done
   echo "sentinels: each knows the two others and both replicas"
+  wait_for_sentinels_out_of_tilt
+}
+
+# Until no sentinel is in TILT. A sentinel whose own loop stalled for more than 2 s (a
+# config rewrite's fsync behind a busy disk, right after the discoveries above; a starved
+# CPU) distrusts its timers for 30 s: meanwhile it answers every other sentinel that the
+# master is up, and with two of the three so, no failover happens at all. The stall shows
+# only on the sentinel's next tick, after it answered what was queued, hence the pause.
+wait_for_sentinels_out_of_tilt() {
+  local svc tilt deadline=$((SECONDS + 45)) said=
+  sleep 0.3
+  for svc in sentinel1 sentinel2 sentinel3; do
+    while :; do
+      tilt=$(redis-cli -p "$(port_of "$svc")" info sentinel 2>/dev/null | tr -d '\r' | sed -n 's/^sentinel_tilt://p' || true)
+      [ "$tilt" = 0 ] && break
+      [ "$SECONDS" -lt "$deadline" ] || die "$svc is still in TILT (sentinel_tilt: ${tilt:-no answer}); see $RUN_DIR/$svc.log"
+      [ "$said" = "$svc" ] || echo "sentinels: $svc is in TILT (its loop stalled); waiting for it to end"
+      said=$svc
+      sleep 0.5
+    done
+  done
 }
 
 # A cluster node keeps nothing but its cluster state (nodes.conf, in its directory): the

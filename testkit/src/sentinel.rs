@@ -152,6 +152,21 @@ impl SentinelProcess {
             .await?)
     }
 
+    /// Whether it is in TILT (`INFO sentinel`): after its own loop stalled for over 2 s it
+    /// tells every other sentinel the master is up, for 30 s.
+    pub async fn in_tilt(&self) -> anyhow::Result<bool> {
+        let mut c = self.connection().await?;
+        let info: String = redis::cmd("INFO")
+            .arg("sentinel")
+            .query_async(&mut c)
+            .await?;
+        let tilt = info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("sentinel_tilt:"))
+            .context("INFO sentinel has no sentinel_tilt")?;
+        Ok(tilt != "0")
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.process.id()
     }
@@ -162,8 +177,8 @@ impl SentinelProcess {
 }
 
 /// Three sentinels watching `master_name` at `127.0.0.1:master_port` (quorum 2), returned
-/// once each knows the other two and `replicas` replicas: a failover before that could pick
-/// no replica at all.
+/// once each knows the other two and `replicas` replicas (a failover before that could pick
+/// no replica at all) and none is in TILT.
 pub async fn start_sentinels(
     master_name: &str,
     master_port: u16,
@@ -205,8 +220,21 @@ pub async fn start_sentinels_with_password(
                 continue 'wait;
             }
         }
-        return Ok(sentinels);
+        break;
     }
+    // With two of the three in TILT no failover happens at all; a stall shows only on the
+    // next tick of the sentinel's loop, after it answered the queries above.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deadline = Instant::now() + Duration::from_secs(45);
+    for sentinel in &sentinels {
+        while sentinel.in_tilt().await? {
+            if Instant::now() >= deadline {
+                bail!("a sentinel stayed in TILT; its log:\n{}", sentinel.log());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    Ok(sentinels)
 }
 
 /// The port of the master that the first answering sentinel names now.

@@ -212,10 +212,18 @@ async fn the_sentinel_stack_sells_through_nginx_again_within_down_after_plus_fai
         assert!(
             killed_at.elapsed() < limit,
             "no sale within {limit:?} of the master's kill; answers: {failures:?}\n\
-             status:\n{}\nsentinel1:\n{}\napp1:\n{}",
+             status:\n{}\n{}",
             stack.run("status").1,
-            stack.log("sentinel1"),
-            stack.log("app1")
+            [
+                "sentinel1",
+                "sentinel2",
+                "sentinel3",
+                "replica1",
+                "replica2",
+                "app1"
+            ]
+            .map(|s| format!("{s}:\n{}", stack.log(s)))
+            .join("\n")
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
