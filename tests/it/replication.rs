@@ -999,3 +999,26 @@ async fn wait_vouches_for_what_a_command_read_not_only_for_what_it_wrote() {
     );
     replica.signal("CONT").await;
 }
+
+/// What `start_sentinels` and `stack.sh up` wait out before a stack counts as ready: a
+/// sentinel whose own loop stalled for more than 2 s is in TILT, and says so in `INFO
+/// sentinel`, from its next tick. Two of three in TILT answer that the master is up, and a
+/// master killed then is never failed over (CI once met exactly that).
+#[tokio::test]
+async fn a_sentinel_whose_loop_stalled_past_two_seconds_says_it_is_in_tilt() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let master = RedisServer::start_with(&[]).await;
+    let sentinel = SentinelProcess::start("stalled", master.port(), 1, SentinelTiming::default())
+        .await
+        .unwrap();
+    assert!(!sentinel.in_tilt().await.unwrap(), "{}", sentinel.log());
+    let pid = Pid::from_raw(sentinel.pid().unwrap() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    tokio::time::sleep(Duration::from_millis(2_600)).await;
+    kill(pid, Signal::SIGCONT).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(sentinel.in_tilt().await.unwrap(), "{}", sentinel.log());
+    assert!(sentinel.log().contains("+tilt"), "{}", sentinel.log());
+}
