@@ -155,10 +155,8 @@ pub async fn http(inventory: &Path, options: &Options) -> anyhow::Result<HttpFig
         let by_loadtest = health.health(2 * ROUND).await?.requests_per_s;
         health_rounds.push((by_wrk, by_loadtest));
     }
-    let mean =
-        |values: &mut dyn Iterator<Item = f64>, n: usize| values.sum::<f64>() / n.max(1) as f64;
-    let wrk_health_rps = mean(&mut health_rounds.iter().map(|r| r.0), health_rounds.len());
-    let loadtest_health_rps = mean(&mut health_rounds.iter().map(|r| r.1), health_rounds.len());
+    let wrk_health_rps = mean(health_rounds.iter().map(|r| r.0));
+    let loadtest_health_rps = mean(health_rounds.iter().map(|r| r.1));
 
     let mut sales_per_s = Vec::new();
     let mut sale_errors = Vec::new();
@@ -220,6 +218,12 @@ pub fn median_ratio(rounds: &[(f64, f64)]) -> f64 {
         n if n % 2 == 1 => ratios[n / 2],
         n => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
     }
+}
+
+/// The mean of `values`, 0 for none.
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(sum, n), v| (sum + v, n + 1));
+    sum / n.max(1) as f64
 }
 
 /// Each round's ratio, second over first, as the table lists them.
@@ -432,8 +436,7 @@ pub fn markdown(results: &Results, svg_path: &str) -> String {
             let _ = writeln!(md, "| `{strategy}` sales | {sales:.0} sales/s | {ratio} |");
         }
         let rounds = rounds_of(&h.wrk_atomic_rounds);
-        let mean_sales = h.wrk_atomic_rounds.iter().map(|r| r.1).sum::<f64>()
-            / (h.wrk_atomic_rounds.len().max(1) as f64);
+        let mean_sales = mean(h.wrk_atomic_rounds.iter().map(|r| r.1));
         let _ = writeln!(
             md,
             "| `atomic` sales sent by `wrk`, each round right after `wrk` GET /health (counted by the audit; {} non-2xx) | {:.0} sales/s | {:.2}x wrk GET /health (median of the rounds {rounds}) |",

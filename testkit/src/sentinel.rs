@@ -222,11 +222,17 @@ pub async fn start_sentinels_with_password(
         }
         break;
     }
-    // With two of the three in TILT no failover happens at all; a stall shows only on the
-    // next tick of the sentinel's loop, after it answered the queries above.
+    wait_out_tilt(&sentinels).await?;
+    Ok(sentinels)
+}
+
+/// Until none of `sentinels` is in TILT: with two of the three so, no failover happens at
+/// all. A stall shows only on the next tick of a sentinel's loop, after it answered the
+/// queries that were waiting, hence the pause first.
+async fn wait_out_tilt(sentinels: &[SentinelProcess]) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let deadline = Instant::now() + Duration::from_secs(45);
-    for sentinel in &sentinels {
+    for sentinel in sentinels {
         while sentinel.in_tilt().await? {
             if Instant::now() >= deadline {
                 bail!("a sentinel stayed in TILT; its log:\n{}", sentinel.log());
@@ -234,7 +240,7 @@ pub async fn start_sentinels_with_password(
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-    Ok(sentinels)
+    Ok(())
 }
 
 /// The port of the master that the first answering sentinel names now.
