@@ -8,7 +8,8 @@
 --          Redis's data restarts above it
 -- ARGV[3]: how many tokens to draw
 -- returns: the last token of the block, or 0 when the lock is not the owner's any more
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+-- pcall: HEXISTS on a string lock is an error, returned as a table, which is not 1.
+if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) ~= 1 then
   return 0
 end
 fence_floor(KEYS[2], ARGV[2])

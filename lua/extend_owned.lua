@@ -5,7 +5,8 @@
 -- ARGV[1]: owner id
 -- ARGV[2]: lease in milliseconds
 -- returns: 1 when extended; 0 when the lock is gone or belongs to another owner
-if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('GET', KEYS[1]) == ARGV[1] then
+-- pcall: GET on a hash lock is an error, returned as a table, which is no owner id.
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end

@@ -35,9 +35,13 @@ local block = math.max(1, tonumber(ARGV[7] or '1') or 1)
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(now_us / 1000)
-local kind = redis.call('TYPE', KEYS[1]).ok
-local mine = (kind == 'string' and redis.call('GET', KEYS[1]) == owner)
-  or (kind == 'hash' and redis.call('HEXISTS', KEYS[1], owner) == 1)
+-- pcall: GET on a hash lock is an error (a table), and HEXISTS then asks the hash. One call
+-- for a free or string lock instead of TYPE then GET: a waiter's attempt is often in line
+-- in Redis just ahead of the new holder's first command.
+local held = redis.pcall('GET', KEYS[1])
+local free = held == false
+local mine = held == owner
+  or (type(held) == 'table' and redis.pcall('HEXISTS', KEYS[1], owner) == 1)
 local queued = phase ~= 'try' and redis.call('HEXISTS', KEYS[4], owner) == 1
 
 local function current_token()
@@ -90,7 +94,7 @@ if phase ~= 'try' and mine and not queued then
   return {1, token, others_waiting(), token}
 end
 
-if kind == 'none' or (mine and shape ~= 'string') then
+if free or (mine and shape ~= 'string') then
   leave_queue()
   local token, last = 0, 0
   if shape == 'string' then

@@ -6,7 +6,8 @@
 -- ARGV[1]: owner id
 -- ARGV[2]: lease in milliseconds
 -- returns: 1 when renewed; 0 when the lock is gone or belongs to another owner
-if redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+-- pcall: HEXISTS on a string lock is an error, returned as a table, which is not 1.
+if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end

@@ -13,11 +13,13 @@
 --          or belongs to another owner
 -- hand_off(lock, fence, queue, entries, inboxes): see hand_off.lua, loaded in front of this script.
 
-if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+-- pcall: GET on a hash lock is an error, returned as a table, which is no owner id. One call
+-- instead of TYPE then GET, since this script is on the path from one holder to the next.
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   if #KEYS >= 6 and hand_off(KEYS[1], KEYS[5], KEYS[3], KEYS[4], KEYS[6]) then
     return 1
   end
+  redis.call('DEL', KEYS[1])
   redis.call(ARGV[3], ARGV[2], ARGV[1])
   redis.call('DEL', KEYS[2])
   redis.call('RPUSH', KEYS[2], ARGV[1])

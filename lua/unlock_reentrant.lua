@@ -15,17 +15,19 @@
 --          or handed to the next waiter)
 -- hand_off(lock, fence, queue, entries, inboxes): see hand_off.lua, loaded in front of this script.
 
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+-- pcall: HEXISTS on a string lock is an error, returned as a table, which is not 1. One call
+-- instead of TYPE then HEXISTS, since this script is on the path from one holder to the next.
+if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) ~= 1 then
   return -1
 end
 if redis.call('HINCRBY', KEYS[1], ARGV[1], -1) > 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 0
 end
-redis.call('DEL', KEYS[1])
 if #KEYS >= 6 and hand_off(KEYS[1], KEYS[5], KEYS[3], KEYS[4], KEYS[6]) then
   return 1
 end
+redis.call('DEL', KEYS[1])
 redis.call(ARGV[4], ARGV[3], ARGV[1])
 redis.call('DEL', KEYS[2])
 redis.call('RPUSH', KEYS[2], ARGV[1])
