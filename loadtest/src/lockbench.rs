@@ -192,6 +192,9 @@ pub struct ClientReport {
     pub cpu_us: u64,
 }
 
+/// How many of the busiest commands a report lists.
+const BUSIEST: usize = 8;
+
 /// One line of the bench's output.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunReport {
@@ -232,6 +235,61 @@ pub struct Percentiles {
 }
 
 impl RunReport {
+    /// One report for rounds of the same contender at the same C: the operations over the
+    /// time of all of them, the worst round's acquire times and fairness, and the costs per
+    /// critical section weighted by each round's critical sections. `None` for no rounds.
+    pub fn merge(rounds: &[RunReport]) -> Option<RunReport> {
+        let first = rounds.first()?;
+        let ops: u64 = rounds.iter().map(|r| r.ops).sum();
+        let duration_s: f64 = rounds.iter().map(|r| r.duration_s).sum();
+        let weighted = |f: &dyn Fn(&RunReport) -> f64| {
+            let total: f64 = rounds.iter().map(|r| f(r) * r.ops as f64).sum();
+            round(total / (ops.max(1) as f64), 2)
+        };
+        let worst = |f: &dyn Fn(&RunReport) -> f64| rounds.iter().map(f).fold(0.0, f64::max);
+        let least_fair = rounds
+            .iter()
+            .min_by(|a, b| a.fairness.total_cmp(&b.fairness))
+            .unwrap_or(first);
+        let mut commands: BTreeMap<String, f64> = BTreeMap::new();
+        for r in rounds.iter() {
+            for (name, per_cs) in &r.commands {
+                *commands.entry(name.clone()).or_default() += per_cs * r.ops as f64;
+            }
+        }
+        // Each round lists its busiest few; so does the merge.
+        let mut busiest: Vec<(String, f64)> = commands
+            .into_iter()
+            .map(|(name, total)| (name, round(total / (ops.max(1) as f64), 2)))
+            .collect();
+        busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let commands: BTreeMap<String, f64> = busiest.into_iter().take(BUSIEST).collect();
+        Some(RunReport {
+            strategy: first.strategy.clone(),
+            wait: first.wait.clone(),
+            clients: first.clients,
+            duration_s: round(duration_s, 2),
+            ops,
+            ops_per_s: round(ops as f64 / duration_s.max(1e-9), 1),
+            acquire_ms: Percentiles {
+                p50: worst(&|r| r.acquire_ms.p50),
+                p99: worst(&|r| r.acquire_ms.p99),
+                max: worst(&|r| r.acquire_ms.max),
+            },
+            timeouts: rounds.iter().map(|r| r.timeouts).sum(),
+            errors: rounds.iter().map(|r| r.errors).sum(),
+            lost_updates: rounds.iter().map(|r| r.lost_updates).sum(),
+            fewest_ops: least_fair.fewest_ops,
+            most_ops: least_fair.most_ops,
+            fairness: least_fair.fairness,
+            attempts_per_cs: weighted(&|r| r.attempts_per_cs),
+            commands_per_cs: weighted(&|r| r.commands_per_cs),
+            commands,
+            client_cpu_us_per_cs: weighted(&|r| r.client_cpu_us_per_cs),
+            redis_cpu_us_per_cs: weighted(&|r| r.redis_cpu_us_per_cs),
+        })
+    }
+
     pub fn label(&self) -> String {
         if self.strategy == "rslock" {
             self.strategy.clone()
@@ -406,7 +464,7 @@ fn summarize(
         commands_per_cs: round(per_cs(total), 2),
         commands: commands
             .into_iter()
-            .take(8)
+            .take(BUSIEST)
             .map(|(name, &n)| (name.clone(), round(per_cs(n), 2)))
             .collect(),
         client_cpu_us_per_cs: round(per_cs(reports.iter().map(|r| r.cpu_us).sum()), 1),
@@ -699,5 +757,51 @@ mod tests {
         assert_eq!(report.redis_cpu_us_per_cs, 3.0);
         let rslock = summarize(Contender::Rslock, 2, 1.0, &clients, 15, &calls, 0);
         assert_eq!(rslock.attempts_per_cs, 1.0, "SETs minus the counter writes");
+    }
+
+    #[test]
+    fn rounds_merge_into_their_total_rate_the_worst_waits_and_weighted_costs() {
+        let contender = Contender::parse("fenced/notify").unwrap();
+        let client = |ops, acquire_us| ClientReport {
+            ops,
+            attempts: ops,
+            acquire_us,
+            ..ClientReport::default()
+        };
+        let get = |n| BTreeMap::from([("get".to_owned(), n)]);
+        let fast = summarize(
+            contender,
+            2,
+            1.0,
+            &[client(30, vec![1000]), client(30, vec![5000])],
+            59,
+            &get(60),
+            0,
+        );
+        let slow = summarize(
+            contender,
+            2,
+            3.0,
+            &[client(10, vec![2000]), client(20, vec![2000])],
+            30,
+            &get(90),
+            0,
+        );
+        let merged = RunReport::merge(&[fast.clone(), slow]).unwrap();
+        assert_eq!(merged.ops, 90);
+        assert_eq!(merged.duration_s, 4.0);
+        assert_eq!(merged.ops_per_s, 22.5, "all operations over all the time");
+        assert_eq!(
+            merged.acquire_ms.max, 5.0,
+            "the worst round's longest acquire"
+        );
+        assert_eq!(merged.fairness, 0.5, "the least fair round");
+        assert_eq!((merged.fewest_ops, merged.most_ops), (10, 20));
+        assert_eq!(merged.lost_updates, 1);
+        // 60 GETs for 60 critical sections and 90 for 30: 150 for 90.
+        assert_eq!(merged.commands_per_cs, round(150.0 / 90.0, 2));
+        assert_eq!(merged.commands["get"], round(150.0 / 90.0, 2));
+        assert_eq!(RunReport::merge(std::slice::from_ref(&fast)), Some(fast));
+        assert_eq!(RunReport::merge(&[]), None);
     }
 }
