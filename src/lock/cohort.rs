@@ -150,8 +150,10 @@ pub(super) enum Joined {
     /// A sale here stands in the Redis queue for it: wait for the tenure it will pass on,
     /// until `until` at most, then join again (a closed channel: join again at once).
     Behind { passed: Passing, until: Instant },
-    /// Not held here, or its quantum is used: ask Redis.
-    Redis,
+    /// Not held here, or its quantum is used: ask Redis. The sale stands in the Redis queue
+    /// for this instance from here on (registered in the same step as the look, so that two
+    /// sales arriving together do not both go), and takes a tenure passed meanwhile.
+    Redis(Passing),
 }
 
 /// What a releasing sale did with its tenure.
@@ -245,6 +247,15 @@ impl State {
         Passing(Some(rx))
     }
 
+    /// A sale of `lock`'s strategy queued in Redis takes a lock passed here too (it then
+    /// leaves the Redis queue as a cancelled waiter does).
+    fn stand(&mut self, lock: RedisLock) -> Passing {
+        let (tx, rx) = oneshot::channel();
+        self.queued.retain(|(_, w)| !w.is_closed());
+        self.queued.push_back((lock, tx));
+        Passing(Some(rx))
+    }
+
     /// Whether a live sale of this instance stands in the Redis queue for `lock`.
     fn standing(&mut self, lock: RedisLock) -> bool {
         self.queued.retain(|(_, w)| !w.is_closed());
@@ -276,7 +287,7 @@ impl Cohort {
     /// A sale of `lock`'s strategy wants the lock.
     pub fn join(&self, lock: RedisLock, arrived: Instant) -> Joined {
         let Ok(mut state) = self.state.lock() else {
-            return Joined::Redis;
+            return Joined::Redis(Passing(None));
         };
         if state.lock == Some(lock) {
             if let Some((tenure, park)) = state.parked.take() {
@@ -314,7 +325,7 @@ impl Cohort {
                 until: Instant::now() + BEHIND_RECHECK,
             };
         }
-        Joined::Redis
+        Joined::Redis(state.stand(lock))
     }
 
     /// A sale of this instance left the Redis queue for `lock` without the lock (it gave up,
@@ -328,17 +339,6 @@ impl Cohort {
                 state.wake_first(lock);
             }
         }
-    }
-
-    /// A sale of `lock`'s strategy queued in Redis takes a lock passed here too (it then
-    /// leaves the Redis queue as a cancelled waiter does).
-    pub fn queued_in_redis(&self, lock: RedisLock) -> Passing {
-        let (tx, rx) = oneshot::channel();
-        if let Ok(mut state) = self.state.lock() {
-            state.queued.retain(|(_, w)| !w.is_closed());
-            state.queued.push_back((lock, tx));
-        }
-        Passing(Some(rx))
     }
 
     /// A sale took `lock` in Redis: sales of its strategy arriving here from now on wait for
@@ -468,16 +468,39 @@ mod tests {
         }
     }
 
+    /// A sale that goes to Redis: it stands in the queue there for its instance.
+    fn stand(cohort: &Cohort, lock: RedisLock) -> Passing {
+        let Joined::Redis(standing) = cohort.join(lock, Instant::now()) else {
+            panic!("nobody holds it or stands for it here: to Redis");
+        };
+        standing
+    }
+
+    #[test]
+    fn of_sales_arriving_together_one_goes_to_redis_and_the_others_wait_behind_it() {
+        let cohort = Cohort::default();
+        let lua = RedisLock::LuaRelease;
+        let first = stand(&cohort, lua);
+        for _ in 0..3 {
+            assert!(
+                matches!(cohort.join(lua, Instant::now()), Joined::Behind { .. }),
+                "the first stands in the Redis queue from the moment it was told to go"
+            );
+        }
+        drop(first);
+        let _next = stand(&cohort, lua);
+    }
+
     #[tokio::test]
     async fn a_tenure_goes_to_waiters_in_order_then_parks_then_is_released() {
         let cohort = Cohort::default();
         let lua = RedisLock::LuaRelease;
-        assert!(matches!(cohort.join(lua, Instant::now()), Joined::Redis));
+        assert!(matches!(cohort.join(lua, Instant::now()), Joined::Redis(_)));
         cohort.began(lua, Instant::now(), Duration::from_secs(60));
         assert!(
             matches!(
                 cohort.join(RedisLock::Fenced, Instant::now()),
-                Joined::Redis
+                Joined::Redis(_)
             ),
             "another strategy's lock is never passed"
         );
@@ -508,7 +531,7 @@ mod tests {
         assert!(!cohort.is_idle());
         assert!(matches!(
             cohort.join(RedisLock::Watchdog, Instant::now()),
-            Joined::Redis
+            Joined::Redis(_)
         ));
         let Joined::Taken(taken) = cohort.join(lua, Instant::now()) else {
             panic!("a parked tenure is taken by the next arrival");
@@ -519,7 +542,7 @@ mod tests {
         };
         assert!(cohort.unpark(park).is_some());
         assert!(cohort.is_idle());
-        assert!(matches!(cohort.join(lua, Instant::now()), Joined::Redis));
+        assert!(matches!(cohort.join(lua, Instant::now()), Joined::Redis(_)));
     }
 
     #[tokio::test]
@@ -549,7 +572,7 @@ mod tests {
     {
         let cohort = Cohort::default();
         let (lua, fenced) = (RedisLock::LuaRelease, RedisLock::Fenced);
-        let mut standing = cohort.queued_in_redis(lua);
+        let mut standing = stand(&cohort, lua);
         let Joined::Behind {
             passed: mut behind, ..
         } = cohort.join(lua, Instant::now())
@@ -557,7 +580,7 @@ mod tests {
             panic!("one sale of an instance stands in the Redis queue, the next waits here");
         };
         assert!(
-            matches!(cohort.join(fenced, Instant::now()), Joined::Redis),
+            matches!(cohort.join(fenced, Instant::now()), Joined::Redis(_)),
             "behind a sale of the same strategy only"
         );
         // The standing sale is handed the lock by Redis: its tenure serves the one behind.
@@ -572,25 +595,25 @@ mod tests {
 
         // A standing sale that gives up sends the ones behind it to Redis at once.
         let cohort = Cohort::default();
-        let mut standing = cohort.queued_in_redis(lua);
+        let mut standing = stand(&cohort, lua);
         let Joined::Behind {
             passed: mut behind, ..
         } = cohort.join(lua, Instant::now())
         else {
             panic!("waits behind");
         };
-        let _other = cohort.queued_in_redis(fenced);
+        let _other = stand(&cohort, fenced);
         assert!(standing.close().is_none());
         cohort.left_redis_queue(lua);
         assert!(behind.passed().await.is_none(), "told to join again");
         assert!(
-            matches!(cohort.join(lua, Instant::now()), Joined::Redis),
+            matches!(cohort.join(lua, Instant::now()), Joined::Redis(_)),
             "and now first"
         );
 
         // A fenced tenure never goes to a sale waiting behind a `lua-release` sale.
         let cohort = Cohort::default();
-        let _standing = cohort.queued_in_redis(lua);
+        let _standing = stand(&cohort, lua);
         let Joined::Behind {
             passed: mut behind, ..
         } = cohort.join(lua, Instant::now())

@@ -660,13 +660,13 @@ impl Locks {
             {
                 return Err(LockError::Redis(crate::store::failed_while_waiting()));
             }
-            let passed = match self.cohort.join(lock, started) {
-                Joined::Taken(tenure) => Some(tenure),
+            let (passed, standing) = match self.cohort.join(lock, started) {
+                Joined::Taken(tenure) => (Some(tenure), None),
                 Joined::Wait { mut passed, until } | Joined::Behind { mut passed, until } => {
                     let waited = tokio::time::timeout_at(until.min(deadline), passed.passed());
                     // One passed just as the wait ended is taken all the same.
                     match waited.await.ok().flatten().or_else(|| passed.close()) {
-                        Some(tenure) => Some(tenure),
+                        Some(tenure) => (Some(tenure), None),
                         None if Instant::now() >= deadline => {
                             return Err(LockError::Timeout {
                                 waited: started.elapsed(),
@@ -677,7 +677,7 @@ impl Locks {
                         None => continue,
                     }
                 }
-                Joined::Redis => None,
+                Joined::Redis(standing) => (None, Some(standing)),
             };
             if let Some(tenure) = passed {
                 match self.take_passed(tenure).await {
@@ -690,8 +690,11 @@ impl Locks {
                     waited: started.elapsed(),
                 });
             }
+            // Only a sale told to go to Redis gets here (a passed tenure returned or looped).
+            let Some(mut passing) = standing else {
+                continue;
+            };
             let since = Instant::now();
-            let mut passing = self.cohort.queued_in_redis(lock);
             let local = async {
                 match passing.passed().await {
                     Some(tenure) => tenure,
