@@ -5,8 +5,8 @@
 -- still valid (see lock_queued.lua); false when there is none, and then the caller deletes
 -- the lock. The caller does not delete it first: a string lock is overwritten by SET, and
 -- only a hash waiter needs the old value gone; every call a release makes is on the path
--- from one holder to the next (about 7 us each on a small VM, as measured by SLOWLOG). Expired entries (a waiter that died or
--- stopped refreshing) are dropped on the way. The lock is written with a lease of at most
+-- from one holder to the next (about 7 us each on a small VM, as measured by SLOWLOG).
+-- Expired entries (a waiter that died or stopped refreshing) are dropped on the way. The lock is written with a lease of at most
 -- HANDED_LEASE_MS: a waiter that died within its entry's validity then holds it up that
 -- long, not a whole lease; the live one extends it to its lease as soon as it hears of it
 -- (src/lock/handoff.rs, HANDED_LEASE).

@@ -66,10 +66,10 @@ pub struct Results {
     pub http: Option<HttpFigures>,
 }
 
-/// The lock bench: rslock and the project's waits at each C, interleaved.
 /// Rounds the lock bench splits each contender's time into, at each C.
 const LOCK_ROUNDS: u32 = 2;
 
+/// The lock bench: rslock and the project's waits at each C, interleaved.
 pub async fn locks(
     lock_bench: &Path,
     options: &Options,

@@ -768,25 +768,15 @@ mod tests {
             acquire_us,
             ..ClientReport::default()
         };
-        let get = |n| BTreeMap::from([("get".to_owned(), n)]);
-        let fast = summarize(
-            contender,
-            2,
-            1.0,
-            &[client(30, vec![1000]), client(30, vec![5000])],
-            59,
-            &get(60),
-            0,
-        );
-        let slow = summarize(
-            contender,
-            2,
-            3.0,
-            &[client(10, vec![2000]), client(20, vec![2000])],
-            30,
-            &get(90),
-            0,
-        );
+        // One round: its length, its two clients (ops, one acquire each), the counter it
+        // left and the GETs Redis counted.
+        let one_round = |seconds, clients: [(u64, u32); 2], counter, gets| {
+            let clients = clients.map(|(ops, acquire_us)| client(ops, vec![acquire_us]));
+            let calls = BTreeMap::from([("get".to_owned(), gets)]);
+            summarize(contender, 2, seconds, &clients, counter, &calls, 0)
+        };
+        let fast = one_round(1.0, [(30, 1000), (30, 5000)], 59, 60);
+        let slow = one_round(3.0, [(10, 2000), (20, 2000)], 30, 90);
         let merged = RunReport::merge(&[fast.clone(), slow]).unwrap();
         assert_eq!(merged.ops, 90);
         assert_eq!(merged.duration_s, 4.0);

@@ -660,13 +660,15 @@ impl Locks {
             {
                 return Err(LockError::Redis(crate::store::failed_while_waiting()));
             }
-            let (passed, standing) = match self.cohort.join(lock, started) {
-                Joined::Taken(tenure) => (Some(tenure), None),
+            // Ok: a tenure passed here; Err: the sale stands in the Redis queue for this
+            // instance, and asks Redis.
+            let joined = match self.cohort.join(lock, started) {
+                Joined::Taken(tenure) => Ok(tenure),
                 Joined::Wait { mut passed, until } | Joined::Behind { mut passed, until } => {
                     let waited = tokio::time::timeout_at(until.min(deadline), passed.passed());
                     // One passed just as the wait ended is taken all the same.
                     match waited.await.ok().flatten().or_else(|| passed.close()) {
-                        Some(tenure) => (Some(tenure), None),
+                        Some(tenure) => Ok(tenure),
                         None if Instant::now() >= deadline => {
                             return Err(LockError::Timeout {
                                 waited: started.elapsed(),
@@ -677,23 +679,20 @@ impl Locks {
                         None => continue,
                     }
                 }
-                Joined::Redis(standing) => (None, Some(standing)),
+                Joined::Redis(standing) => Err(standing),
             };
-            if let Some(tenure) = passed {
-                match self.take_passed(tenure).await {
+            let mut passing = match joined {
+                Ok(tenure) => match self.take_passed(tenure).await {
                     Some(taken) => return Ok(taken),
                     None => continue,
-                }
-            }
+                },
+                Err(standing) => standing,
+            };
             if Instant::now() >= deadline {
                 return Err(LockError::Timeout {
                     waited: started.elapsed(),
                 });
             }
-            // Only a sale told to go to Redis gets here (a passed tenure returned or looped).
-            let Some(mut passing) = standing else {
-                continue;
-            };
             let since = Instant::now();
             let local = async {
                 match passing.passed().await {
