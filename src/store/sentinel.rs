@@ -18,7 +18,8 @@
 //! (`+try-failover`, sent before it even picks the replica to promote), calls are held
 //! (each for at most the store's timeout, then a 503 with nothing sent) until a sentinel
 //! names the new master (`+switch-master`, followed at once) or gives the failover up, and
-//! for at most [`HOLD_MAX`].
+//! for at most [`HOLD_MAX`]. Sentinels announce late and out of order; [`news`] says which
+//! announcement is news and which is the story of an earlier change.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -38,23 +39,9 @@ use super::PoolSettings;
 const LOOKUP_INTERVAL: Duration = Duration::from_millis(100);
 /// How often the master is looked up without an error to prompt it.
 const WATCH_INTERVAL: Duration = Duration::from_millis(500);
-/// The longest calls are held for a failover a sentinel announced: one that neither
-/// finishes nor says it gave up (its messages lost with a sentinel's connection) stops
-/// holding them then.
-const HOLD_MAX: Duration = Duration::from_secs(5);
-/// How long, after following a `+switch-master`, a lookup naming another server is not
-/// followed: a sentinel that has not heard of the switch yet still names the old master,
-/// which still says it is one until Sentinel reconfigures it.
-const SWITCH_PIN: Duration = Duration::from_secs(10);
-/// What the sentinels publish about a failover, as far as calls are concerned.
-const TRY_FAILOVER: &str = "+try-failover";
-const SWITCH_MASTER: &str = "+switch-master";
-const ABORTS: [&str; 4] = [
-    "-failover-abort-not-elected",
-    "-failover-abort-no-good-slave",
-    "-failover-abort-slave-timeout",
-    "-failover-abort-master-is-not-a-replica",
-];
+mod news;
+
+use news::{Act, HOLD_MAX, Heard, News};
 
 /// `REDIS_SENTINELS` and `REDIS_MASTER_NAME`, checked, with the passwords of
 /// `REDIS_SENTINEL_PASSWORD` and `REDIS_MASTER_PASSWORD`.
@@ -214,12 +201,9 @@ impl Server {
 
 struct Lookup {
     sentinels: Sentinels,
-    /// Until when calls wait for a failover a sentinel announced; `None`: none under way.
-    hold: Mutex<Option<Instant>>,
+    /// The failovers under way (calls wait for them) and the last switch followed.
+    heard: Mutex<Heard>,
     held: tokio::sync::Notify,
-    /// The master a `+switch-master` named, and until when a lookup naming another is
-    /// not followed.
-    pinned: Mutex<Option<(String, Instant)>>,
     client: tokio::sync::Mutex<SentinelClient>,
     running: AtomicBool,
     /// Lookups finished so far: a caller that waited for the client while another lookup
@@ -282,9 +266,8 @@ impl Server {
             current: RwLock::new(Arc::new(backend)),
             lookup: Some(Lookup {
                 sentinels,
-                hold: Mutex::new(None),
+                heard: Mutex::new(Heard::default()),
                 held: tokio::sync::Notify::new(),
-                pinned: Mutex::new(None),
                 client: tokio::sync::Mutex::new(client),
                 running: AtomicBool::new(false),
                 finished: AtomicU64::new(0),
@@ -431,9 +414,10 @@ impl Server {
         };
         let address = master.get_connection_info().addr().to_string();
         if let Some(lookup) = &self.lookup
-            && let Some((pinned, until)) = lock(&lookup.pinned).clone()
+            && let Some(pinned) = lock(&lookup.heard)
+                .pinned_at(Instant::now())
+                .map(str::to_owned)
             && pinned != address
-            && Instant::now() < until
         {
             tracing::debug!(master = %address, %pinned, "a sentinel still names the old master: not followed");
             return;
@@ -475,9 +459,8 @@ impl Server {
         loop {
             // Registered before the state is read, so a release in between is not missed.
             let released = lookup.held.notified();
-            let until = match *lock(&lookup.hold) {
-                Some(until) if Instant::now() < until => until,
-                _ => return true,
+            let Some(until) = lock(&lookup.heard).held_until(Instant::now()) else {
+                return true;
             };
             if Instant::now() >= give_up {
                 return false;
@@ -486,56 +469,40 @@ impl Server {
         }
     }
 
-    /// What a sentinel said on one of the channels [`listen`] follows.
-    fn on_announcement(&self, channel: &str, payload: &str) {
+    /// What the sentinel at `sentinel` said on one of the channels [`listen`] follows.
+    fn on_announcement(&self, sentinel: &str, channel: &str, payload: &str) {
         let Some(lookup) = &self.lookup else {
             return;
         };
-        let words: Vec<&str> = payload.split_whitespace().collect();
-        let name = lookup.sentinels.master_name.as_str();
-        if channel == SWITCH_MASTER {
-            // `<name> <old ip> <old port> <new ip> <new port>`
-            let [master, _, _, ip, port] = words[..] else {
-                return;
-            };
-            let Ok(port) = port.parse::<u16>() else {
-                return;
-            };
-            if master != name {
-                return;
-            }
-            match lookup.sentinels.master_client(ip, port) {
-                Ok(client) => {
-                    let address = client.get_connection_info().addr().to_string();
-                    *lock(&lookup.pinned) = Some((address.clone(), Instant::now() + SWITCH_PIN));
-                    self.follow(client, address);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "a sentinel named a master that cannot be reached")
-                }
-            }
-            self.release_hold(lookup);
+        let Some(news) = News::parse(channel, payload, &lookup.sentinels.master_name) else {
             return;
-        }
-        // `master <name> <ip> <port>`: the failover of a master, ours or another's.
-        if words.first() != Some(&"master") || words.get(1) != Some(&name) {
-            return;
-        }
-        if channel == TRY_FAILOVER {
-            tracing::warn!(
+        };
+        let act = lock(&lookup.heard).hear(sentinel, news.clone(), Instant::now());
+        match act {
+            Act::Hold => tracing::warn!(
+                %sentinel,
                 hold_max_ms = HOLD_MAX.as_millis() as u64,
                 "a sentinel tries a failover: calls wait until it names the new master"
-            );
-            *lock(&lookup.hold) = Some(Instant::now() + HOLD_MAX);
-        } else if ABORTS.contains(&channel) {
-            tracing::warn!(%channel, "the failover was given up: calls go on to the master");
-            self.release_hold(lookup);
+            ),
+            Act::Follow(address) => {
+                let client = news::host_port(&address)
+                    .and_then(|(host, port)| lookup.sentinels.master_client(host, port).ok());
+                match client {
+                    Some(client) => self.follow(client, address),
+                    None => {
+                        tracing::warn!(master = %address, "a sentinel named a master that cannot be reached")
+                    }
+                }
+                lookup.held.notify_waiters();
+            }
+            Act::Release => {
+                tracing::warn!(%channel, "the failover was given up: calls go on to the master");
+                lookup.held.notify_waiters();
+            }
+            Act::Ignore => {
+                tracing::info!(%sentinel, ?news, "a sentinel's news of an earlier change: not followed")
+            }
         }
-    }
-
-    fn release_hold(&self, lookup: &Lookup) {
-        *lock(&lookup.hold) = None;
-        lookup.held.notify_waiters();
     }
 }
 
@@ -548,8 +515,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Listens to one sentinel's announcements of failovers for as long as the server lives,
 /// connecting again after an error (a sentinel restarted, or not up yet).
 async fn listen(server: Weak<Server>, sentinel: redis::ConnectionInfo, timeout: Duration) {
-    let mut channels = vec![TRY_FAILOVER, SWITCH_MASTER];
-    channels.extend(ABORTS);
+    let mut channels = vec![news::TRY_FAILOVER, news::SWITCH_MASTER];
+    channels.extend(news::ABORTS);
+    let name = sentinel.addr().to_string();
     loop {
         if server.strong_count() == 0 {
             return;
@@ -566,7 +534,7 @@ async fn listen(server: Weak<Server>, sentinel: redis::ConnectionInfo, timeout: 
                     return;
                 };
                 let payload: String = message.get_payload().unwrap_or_default();
-                server.on_announcement(message.get_channel_name(), &payload);
+                server.on_announcement(&name, message.get_channel_name(), &payload);
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
