@@ -35,8 +35,12 @@ struct Args {
     #[arg(long, default_value = "docs/bench-lock.svg")]
     svg: String,
     /// Skip the HTTP half (no nginx, no wrk).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "http_only")]
     locks_only: bool,
+    /// Skip the lock bench: the sale path and memory only, one JSON line (a README section
+    /// needs both halves).
+    #[arg(long, conflicts_with = "readme")]
+    http_only: bool,
 }
 
 #[tokio::main]
@@ -63,12 +67,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .unwrap_or_default();
     let machine = bench::machine().await;
     eprintln!("bench: {machine}");
-    let (locks, serial) = bench::locks(&dir.join("lock-bench"), &options, |r| {
-        if let Ok(line) = serde_json::to_string(r) {
-            println!("{line}");
-        }
-    })
-    .await?;
+    let (locks, serial) = if args.http_only {
+        (Vec::new(), Vec::new())
+    } else {
+        bench::locks(&dir.join("lock-bench"), &options, |r| {
+            if let Ok(line) = serde_json::to_string(r) {
+                println!("{line}");
+            }
+        })
+        .await?
+    };
     let http = if args.locks_only {
         None
     } else {
@@ -76,6 +84,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&figures)?);
         Some(figures)
     };
+    if args.http_only {
+        // Its JSON line is the whole result: the section's lock half would be empty.
+        return Ok(());
+    }
     let results = Results {
         machine,
         locks,
