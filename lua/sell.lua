@@ -13,27 +13,30 @@
 --     the write counters, so nothing has changed since the caller's read (else EXEC refused
 --     the whole transaction and this never ran). Writes the caller's value, and announces
 --     the lock-free write so that a locked sale that read before it is refused.
+-- The keys and arguments a mode does not use come last and are left out by the caller: each
+-- costs Redis a string to parse and one to build for Lua, on every sale.
 -- KEYS[1]: the stock key
--- KEYS[2]: the ledger (a stream of about ARGV[5] entries)
+-- KEYS[2]: the ledger (a stream of about ARGV[3] entries)
 -- KEYS[3]: the number of sales since the last reset
 -- KEYS[4]: a bitmap of the remaining-stock values already sold, bit (initial - 1 - value),
 --          so that it grows with the sales made, not with the size of the stock
 -- KEYS[5]: remaining-stock value -> times sold, for values sold more than once
--- KEYS[6]: the newest fencing token the store has seen under this kind of lock (single-node
---          or quorum; the kinds do not exclude each other, so each keeps its own)
--- KEYS[7]: the count of lock-free writes (atomic sales and resets), never reset
--- KEYS[8]: the sale's idempotency key (untouched when ARGV[3] is '')
--- KEYS[9]: the initial stock (the bitmap counts down from it)
+-- KEYS[6]: the count of lock-free writes (atomic sales and resets), never reset
+-- KEYS[7]: the initial stock (the bitmap counts down from it)
+-- KEYS[8]: with a claim only: the sale's idempotency key
+-- KEYS[9]: 'locked' only: the newest fencing token the store has seen under this kind of
+--          lock (single-node or quorum; the kinds do not exclude each other, so each keeps
+--          its own)
 -- KEYS[10]: 'locked' only: the count of writes under the other kind of lock (checked)
 -- KEYS[11]: 'locked' only: the count of writes under this kind of lock (incremented)
 -- ARGV[1]: mode, 'locked', 'optimistic' or 'atomic'
 -- ARGV[2]: the ledger entry's JSON without its closing brace and without the figures only
 --          this script knows: '{"order_id":..,"instance":..,"strategy":..' (the caller
 --          escapes the strings; here only numbers are appended, so no cjson per sale)
--- ARGV[3]: the idempotency claim this sale holds ('pending:<order id>'), or ''
--- ARGV[4]: how long the idempotency key keeps the result, in milliseconds
--- ARGV[5]: the ledger's cap ('~': Redis trims whole nodes of the stream, so a little more
+-- ARGV[3]: the ledger's cap ('~': Redis trims whole nodes of the stream, so a little more
 --          is kept; trimming one entry per sale cost more than the rest of the write)
+-- ARGV[4]: the idempotency claim this sale holds ('pending:<order id>'), '' or absent
+-- ARGV[5]: with a claim: how long the idempotency key keeps the result, in milliseconds
 -- ARGV[6]: 'locked' and 'optimistic': the new stock value
 -- ARGV[7]: 'locked' only: the fencing token, or '' when the strategy has none
 -- ARGV[8]: 'locked' only: the lock-free write count the caller read with the stock
@@ -48,14 +51,18 @@
 --          current; its write moved this count
 -- returns: {1, stock left} when sold; {0, newest token} for a stale fencing token;
 --          {2, 0} when the idempotency claim expired or was taken; {3, 0} when a lock-free
---          writer, or one under the other kind of lock, wrote since the read; {4, 0} when the stock key is missing (never stocked,
---          or Redis lost its data); {5, 0} when nothing is left (atomic only); {6, 0} when
---          a fenced caller's lock was taken by a holder without a token, who wrote since
---          the read.
+--          writer, or one under the other kind of lock, wrote since the read; {4, 0} when
+--          the stock key is missing (never stocked, or Redis lost its data); {5, 0} when
+--          nothing is left (atomic only); {6, 0} when a fenced caller's lock was taken by a
+--          holder without a token, who wrote since the read.
 --          Nothing is written in any case but the first.
+-- Numbers go to Redis and into the entry as text made with '%d': Lua's own conversion of a
+-- number ('%.14g', and '%.17g' for a command's argument) is a floating-point print, which
+-- cost more than some of the commands, and writes a number past 14 digits as 1.7e+15.
 local locked = ARGV[1] == 'locked'
 local fence = locked and tonumber(ARGV[7]) or nil
-if ARGV[3] ~= '' and redis.call('GET', KEYS[8]) ~= ARGV[3] then
+local claim = ARGV[4] or ''
+if claim ~= '' and redis.call('GET', KEYS[8]) ~= claim then
   return {2, 0}
 end
 local current = redis.call('GET', KEYS[1])
@@ -65,12 +72,12 @@ end
 -- Writers that do not take this lock first: a sale under the other kind of lock draws its
 -- token from the same counter, so a newer token may be one of theirs, and this sale's lock
 -- was then not lost (stock_changed, not stale_fence).
-if locked and ((redis.call('GET', KEYS[7]) or '0') ~= ARGV[8]
+if locked and ((redis.call('GET', KEYS[6]) or '0') ~= ARGV[8]
     or (redis.call('GET', KEYS[10]) or '0') ~= ARGV[9]) then
   return {3, 0}
 end
 if fence then
-  local newest = tonumber(redis.call('GET', KEYS[6]) or '0')
+  local newest = tonumber(redis.call('GET', KEYS[9]) or '0')
   if fence < newest then
     return {0, newest}
   end
@@ -78,45 +85,47 @@ if fence then
     return {6, 0}
   end
 end
-local remaining
+local remaining, text
 if locked then
   redis.call('INCR', KEYS[11])
   if fence then
     local next_fence = tonumber(ARGV[10] or '')
-    redis.call('SET', KEYS[6], (next_fence and next_fence > fence) and next_fence or fence)
+    redis.call('SET', KEYS[9], (next_fence and next_fence > fence) and ARGV[10] or ARGV[7])
   end
-  remaining = tonumber(ARGV[6])
-  redis.call('SET', KEYS[1], remaining)
+  remaining, text = tonumber(ARGV[6]), ARGV[6]
+  redis.call('SET', KEYS[1], text)
 elseif ARGV[1] == 'optimistic' then
-  remaining = tonumber(ARGV[6])
-  redis.call('SET', KEYS[1], remaining)
-  redis.call('INCR', KEYS[7])
+  remaining, text = tonumber(ARGV[6]), ARGV[6]
+  redis.call('SET', KEYS[1], text)
+  redis.call('INCR', KEYS[6])
 else
   if tonumber(current) <= 0 then
     return {5, 0}
   end
   remaining = redis.call('DECR', KEYS[1])
-  redis.call('INCR', KEYS[7])
+  text = string.format('%d', remaining)
+  redis.call('INCR', KEYS[6])
 end
-local entry = ARGV[2] .. ',"remaining":' .. remaining
+local entry
 if fence then
-  -- The caller's text, not the number: Lua writes a number past 14 digits as 1.7e+15.
-  entry = entry .. ',"fence":' .. ARGV[7]
+  entry = ARGV[2] .. ',"remaining":' .. text .. ',"fence":' .. ARGV[7] .. '}'
+else
+  entry = ARGV[2] .. ',"remaining":' .. text .. '}'
 end
-entry = entry .. '}'
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'sale', entry)
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'sale', entry)
 redis.call('INCR', KEYS[3])
 -- One bit per remaining value: a value sold twice is the tutorial's "76 sold twice".
 -- Only values sold more than once go into the hash, so the audit reads O(duplicates).
-local bit = tonumber(redis.call('GET', KEYS[9]) or '0') - 1 - remaining
-if bit < 0 or remaining < 0 or redis.call('SETBIT', KEYS[4], bit, 1) == 1 then
-  if redis.call('HEXISTS', KEYS[5], remaining) == 1 then
-    redis.call('HINCRBY', KEYS[5], remaining, 1)
+local bit = tonumber(redis.call('GET', KEYS[7]) or '0') - 1 - remaining
+if bit < 0 or remaining < 0
+    or redis.call('SETBIT', KEYS[4], string.format('%d', bit), '1') == 1 then
+  if redis.call('HEXISTS', KEYS[5], text) == 1 then
+    redis.call('HINCRBY', KEYS[5], text, '1')
   else
-    redis.call('HSET', KEYS[5], remaining, 2)
+    redis.call('HSET', KEYS[5], text, '2')
   end
 end
-if ARGV[3] ~= '' then
-  redis.call('SET', KEYS[8], 'sold:' .. entry, 'PX', ARGV[4])
+if claim ~= '' then
+  redis.call('SET', KEYS[8], 'sold:' .. entry, 'PX', ARGV[5])
 end
 return {1, remaining}

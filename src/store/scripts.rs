@@ -199,7 +199,8 @@ pub enum SellMode {
     },
 }
 
-/// `{code, value}`; see [`super::Recorded`] for the codes.
+/// `{code, value}`; see [`super::Recorded`] for the codes. Sends only the keys and arguments
+/// the mode reads: an `atomic` sale without a claim is 7 keys and 3 arguments, not 16.
 pub fn sell(
     keys: &Keys,
     entry: &Entry<'_>,
@@ -210,47 +211,50 @@ pub fn sell(
     i.key(&keys.ledger)
         .key(&keys.sales)
         .key(&keys.sold)
-        .key(&keys.duplicates);
-    // Without a lock the two counters and the token are neither checked nor touched.
-    let kind = match mode {
-        SellMode::Locked { seen, .. } => seen.kind,
-        SellMode::Atomic | SellMode::Optimistic { .. } => LockKind::SingleNode,
-    };
-    i.key(keys.fence_seen_by(kind))
+        .key(&keys.duplicates)
         .key(&keys.lockfree_writes)
-        .key(entry.claim_key(keys))
-        .key(&keys.initial);
-    i.key(keys.locked_writes(kind.other()))
-        .key(keys.locked_writes(kind))
+        .key(&keys.initial)
         .arg(match mode {
             SellMode::Atomic => "atomic",
             SellMode::Optimistic { .. } => "optimistic",
             SellMode::Locked { .. } => "locked",
         })
         .arg(entry.head())
-        .arg(entry.claim_marker())
-        .arg(entry.claim_keep_ms())
         .arg(ledger_cap);
-    if let SellMode::Optimistic { new_stock } = mode {
-        i.arg(new_stock);
+    let claimed = entry.claim.is_some();
+    if claimed || !matches!(mode, SellMode::Atomic) {
+        // The keys after the claim's are the locked mode's; the arguments after its two,
+        // the locked and optimistic modes'.
+        if claimed || matches!(mode, SellMode::Locked { .. }) {
+            i.key(entry.claim_key(keys));
+        }
+        i.arg(entry.claim_marker()).arg(entry.claim_keep_ms());
     }
-    if let SellMode::Locked {
-        new_stock,
-        fence,
-        seen,
-        next_fence,
-    } = mode
-    {
-        i.arg(new_stock)
-            .arg(fence.map(|f| f.to_string()).unwrap_or_default())
-            .arg(seen.lockfree)
-            .arg(seen.other_locks)
-            .arg(next_fence.map(|f| f.to_string()).unwrap_or_default())
-            .arg(
-                fence
-                    .map(|_| seen.own_locks.to_string())
-                    .unwrap_or_default(),
-            );
+    match mode {
+        SellMode::Atomic => {}
+        SellMode::Optimistic { new_stock } => {
+            i.arg(new_stock);
+        }
+        SellMode::Locked {
+            new_stock,
+            fence,
+            seen,
+            next_fence,
+        } => {
+            i.key(keys.fence_seen_by(seen.kind))
+                .key(keys.locked_writes(seen.kind.other()))
+                .key(keys.locked_writes(seen.kind))
+                .arg(new_stock)
+                .arg(fence.map(|f| f.to_string()).unwrap_or_default())
+                .arg(seen.lockfree)
+                .arg(seen.other_locks)
+                .arg(next_fence.map(|f| f.to_string()).unwrap_or_default())
+                .arg(
+                    fence
+                        .map(|_| seen.own_locks.to_string())
+                        .unwrap_or_default(),
+                );
+        }
     }
     i
 }
