@@ -416,7 +416,7 @@ impl Server {
         if let Some(lookup) = &self.lookup
             && let Some(pinned) = lock(&lookup.heard)
                 .pinned_at(Instant::now())
-                .map(str::to_owned)
+                .map(ToString::to_string)
             && pinned != address
         {
             tracing::debug!(master = %address, %pinned, "a sentinel still names the old master: not followed");
@@ -484,13 +484,11 @@ impl Server {
                 hold_max_ms = HOLD_MAX.as_millis() as u64,
                 "a sentinel tries a failover: calls wait until it names the new master"
             ),
-            Act::Follow(address) => {
-                let client = news::host_port(&address)
-                    .and_then(|(host, port)| lookup.sentinels.master_client(host, port).ok());
-                match client {
-                    Some(client) => self.follow(client, address),
-                    None => {
-                        tracing::warn!(master = %address, "a sentinel named a master that cannot be reached")
+            Act::Follow(master) => {
+                match lookup.sentinels.master_client(&master.host, master.port) {
+                    Ok(client) => self.follow(client, master.to_string()),
+                    Err(e) => {
+                        tracing::warn!(%master, error = %e, "a sentinel named a master that cannot be reached")
                     }
                 }
                 lookup.held.notify_waiters();

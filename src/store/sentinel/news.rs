@@ -19,6 +19,7 @@
 //! that announced it: another sentinel that lost the vote aborts its own attempt while the
 //! winner goes on.
 
+use std::fmt;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -43,15 +44,38 @@ pub(super) const ABORTS: [&str; 4] = [
     "-failover-abort-master-is-not-a-replica",
 ];
 
-/// One announcement about our master, servers as `host:port`.
+/// A server a sentinel names: where to connect to it. Shown as the `redis` crate writes a
+/// TCP address, so that it compares equal to the address of a client of that server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Server {
+    pub(super) host: String,
+    pub(super) port: u16,
+}
+
+impl Server {
+    fn parse(host: &str, port: &str) -> Option<Self> {
+        Some(Self {
+            host: host.to_owned(),
+            port: port.parse().ok()?,
+        })
+    }
+}
+
+impl fmt::Display for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        redis::ConnectionAddr::Tcp(self.host.clone(), self.port).fmt(f)
+    }
+}
+
+/// One announcement about our master.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum News {
     /// A sentinel starts a failover of `master`.
-    TryFailover { master: String },
+    TryFailover { master: Server },
     /// A sentinel says `to` replaced `from`.
-    Switch { from: String, to: String },
+    Switch { from: Server, to: Server },
     /// A sentinel gave up its failover of `master`.
-    Abort { master: String },
+    Abort { master: Server },
 }
 
 impl News {
@@ -64,8 +88,8 @@ impl News {
                 return None;
             };
             return (master == name).then_some(Self::Switch {
-                from: address(old_ip, old_port)?,
-                to: address(ip, port)?,
+                from: Server::parse(old_ip, old_port)?,
+                to: Server::parse(ip, port)?,
             });
         }
         // `master <name> <ip> <port>`: the failover of a master, ours or another's.
@@ -75,7 +99,7 @@ impl News {
         if master != name {
             return None;
         }
-        let master = address(ip, port)?;
+        let master = Server::parse(ip, port)?;
         if channel == TRY_FAILOVER {
             Some(Self::TryFailover { master })
         } else if ABORTS.contains(&channel) {
@@ -86,26 +110,13 @@ impl News {
     }
 }
 
-/// `host:port` as the `redis` crate writes a TCP address, so that it compares equal to the
-/// address of a client of that server.
-pub(super) fn address(host: &str, port: &str) -> Option<String> {
-    let port = port.parse::<u16>().ok()?;
-    Some(redis::ConnectionAddr::Tcp(host.to_owned(), port).to_string())
-}
-
-/// The host and port of an [`address`].
-pub(super) fn host_port(address: &str) -> Option<(&str, u16)> {
-    let (host, port) = address.rsplit_once(':')?;
-    Some((host, port.parse().ok()?))
-}
-
 /// What to do about one piece of news.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Act {
     /// Hold calls: a failover started.
     Hold,
     /// Follow this master, and let held calls go.
-    Follow(String),
+    Follow(Server),
     /// Let held calls go to the master followed now: the failover was given up.
     Release,
     /// Nothing: news of an earlier change, or of another sentinel's attempt.
@@ -117,9 +128,9 @@ pub(super) enum Act {
 pub(super) struct Heard {
     /// Failovers under way: the sentinel that announced each, the master it replaces, and
     /// until when calls wait for it.
-    holds: Vec<(String, String, Instant)>,
+    holds: Vec<(String, Server, Instant)>,
     /// The master the last followed switch named, and until when nothing else is followed.
-    pinned: Option<(String, Instant)>,
+    pinned: Option<(Server, Instant)>,
 }
 
 impl Heard {
@@ -147,7 +158,7 @@ impl Heard {
                 let replaced = self.holds.iter().any(|(_, held, _)| *held == to);
                 let older = self
                     .pinned_at(now)
-                    .is_some_and(|pinned| pinned != from && pinned != to);
+                    .is_some_and(|pinned| *pinned != from && *pinned != to);
                 if replaced || older {
                     return Act::Ignore;
                 }
@@ -168,11 +179,11 @@ impl Heard {
     }
 
     /// The master a switch followed within [`SWITCH_PIN`] of `now` named.
-    pub(super) fn pinned_at(&self, now: Instant) -> Option<&str> {
+    pub(super) fn pinned_at(&self, now: Instant) -> Option<&Server> {
         self.pinned
             .as_ref()
             .filter(|(_, until)| now < *until)
-            .map(|(pinned, _)| pinned.as_str())
+            .map(|(pinned, _)| pinned)
     }
 }
 
@@ -182,27 +193,43 @@ mod tests {
 
     const NAME: &str = "inventory";
 
+    fn server(port: u16) -> Server {
+        Server {
+            host: "127.0.0.1".to_owned(),
+            port,
+        }
+    }
+
     fn switch(from: u16, to: u16) -> News {
         News::Switch {
-            from: format!("127.0.0.1:{from}"),
-            to: format!("127.0.0.1:{to}"),
+            from: server(from),
+            to: server(to),
         }
     }
 
     fn try_failover(master: u16) -> News {
         News::TryFailover {
-            master: format!("127.0.0.1:{master}"),
+            master: server(master),
         }
     }
 
     fn abort(master: u16) -> News {
         News::Abort {
-            master: format!("127.0.0.1:{master}"),
+            master: server(master),
         }
     }
 
     fn follow(port: u16) -> Act {
-        Act::Follow(format!("127.0.0.1:{port}"))
+        Act::Follow(server(port))
+    }
+
+    #[test]
+    fn a_server_shows_as_the_address_of_a_client_of_it() {
+        let client = redis::Client::open("redis://127.0.0.1:7001").expect("a valid url");
+        assert_eq!(
+            server(7001).to_string(),
+            client.get_connection_info().addr().to_string()
+        );
     }
 
     #[test]
@@ -265,7 +292,7 @@ mod tests {
         assert_eq!(heard.hear("s1", switch(7000, 7001), t), follow(7001));
         assert_eq!(heard.hear("s1", switch(7001, 7002), t), follow(7002));
         assert_eq!(heard.hear("s2", switch(7000, 7001), t), Act::Ignore);
-        assert_eq!(heard.pinned_at(t), Some("127.0.0.1:7002"));
+        assert_eq!(heard.pinned_at(t), Some(&server(7002)));
         // The same news again from a slower sentinel changes nothing and is harmless.
         assert_eq!(heard.hear("s2", switch(7001, 7002), t), follow(7002));
         // Once the pin has run out, a switch is taken as the news it says it is.
@@ -332,7 +359,7 @@ mod tests {
         interleave(&streams, &mut positions, &mut Vec::new(), &mut |order| {
             orders += 1;
             let mut heard = Heard::default();
-            let mut followed = "127.0.0.1:7000".to_owned();
+            let mut followed = server(7000);
             let mut b_replaced = false;
             for (sentinel, news) in order {
                 if *news == try_failover(7001) {
@@ -340,13 +367,13 @@ mod tests {
                 }
                 if let Act::Follow(to) = heard.hear(sentinel, news.clone(), t) {
                     assert!(
-                        !(b_replaced && to == "127.0.0.1:7001"),
+                        !(b_replaced && to == server(7001)),
                         "followed B during its failover: {order:?}"
                     );
                     followed = to;
                 }
             }
-            assert_eq!(followed, "127.0.0.1:7002", "{order:?}");
+            assert_eq!(followed, server(7002), "{order:?}");
         });
         // 8! / (4! 2! 2!) ways to interleave streams of 4, 2 and 2 messages.
         assert_eq!(orders, 420);
