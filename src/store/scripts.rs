@@ -221,13 +221,14 @@ pub fn sell(
         })
         .arg(entry.head())
         .arg(ledger_cap);
+    // KEYS[8] and ARGV[4..=5] are the claim's; a mode that reads keys or arguments after
+    // them (the locked mode's keys, the locked and optimistic modes' arguments) sends them
+    // empty when there is no claim.
     let claimed = entry.claim.is_some();
+    if claimed || matches!(mode, SellMode::Locked { .. }) {
+        i.key(entry.claim_key(keys));
+    }
     if claimed || !matches!(mode, SellMode::Atomic) {
-        // The keys after the claim's are the locked mode's; the arguments after its two,
-        // the locked and optimistic modes'.
-        if claimed || matches!(mode, SellMode::Locked { .. }) {
-            i.key(entry.claim_key(keys));
-        }
         i.arg(entry.claim_marker()).arg(entry.claim_keep_ms());
     }
     match mode {

@@ -67,27 +67,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .unwrap_or_default();
     let machine = bench::machine().await;
     eprintln!("bench: {machine}");
-    let (locks, serial) = if args.http_only {
-        (Vec::new(), Vec::new())
-    } else {
-        bench::locks(&dir.join("lock-bench"), &options, |r| {
-            if let Ok(line) = serde_json::to_string(r) {
-                println!("{line}");
-            }
-        })
-        .await?
+    let http = async || -> anyhow::Result<_> {
+        let figures = bench::http(&dir.join("inventory"), &options).await?;
+        println!("{}", serde_json::to_string(&figures)?);
+        Ok(figures)
     };
+    if args.http_only {
+        // Its JSON line is the whole result: a README section's lock half would be empty.
+        http().await?;
+        return Ok(());
+    }
+    let (locks, serial) = bench::locks(&dir.join("lock-bench"), &options, |r| {
+        if let Ok(line) = serde_json::to_string(r) {
+            println!("{line}");
+        }
+    })
+    .await?;
     let http = if args.locks_only {
         None
     } else {
-        let figures = bench::http(&dir.join("inventory"), &options).await?;
-        println!("{}", serde_json::to_string(&figures)?);
-        Some(figures)
+        Some(http().await?)
     };
-    if args.http_only {
-        // Its JSON line is the whole result: the section's lock half would be empty.
-        return Ok(());
-    }
     let results = Results {
         machine,
         locks,

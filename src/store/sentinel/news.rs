@@ -47,12 +47,12 @@ pub(super) const ABORTS: [&str; 4] = [
 /// A server a sentinel names: where to connect to it. Shown as the `redis` crate writes a
 /// TCP address, so that it compares equal to the address of a client of that server.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Server {
+pub(super) struct ServerAddr {
     pub(super) host: String,
     pub(super) port: u16,
 }
 
-impl Server {
+impl ServerAddr {
     fn parse(host: &str, port: &str) -> Option<Self> {
         Some(Self {
             host: host.to_owned(),
@@ -61,7 +61,7 @@ impl Server {
     }
 }
 
-impl fmt::Display for Server {
+impl fmt::Display for ServerAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         redis::ConnectionAddr::Tcp(self.host.clone(), self.port).fmt(f)
     }
@@ -71,11 +71,11 @@ impl fmt::Display for Server {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum News {
     /// A sentinel starts a failover of `master`.
-    TryFailover { master: Server },
+    TryFailover { master: ServerAddr },
     /// A sentinel says `to` replaced `from`.
-    Switch { from: Server, to: Server },
+    Switch { from: ServerAddr, to: ServerAddr },
     /// A sentinel gave up its failover of `master`.
-    Abort { master: Server },
+    Abort { master: ServerAddr },
 }
 
 impl News {
@@ -88,8 +88,8 @@ impl News {
                 return None;
             };
             return (master == name).then_some(Self::Switch {
-                from: Server::parse(old_ip, old_port)?,
-                to: Server::parse(ip, port)?,
+                from: ServerAddr::parse(old_ip, old_port)?,
+                to: ServerAddr::parse(ip, port)?,
             });
         }
         // `master <name> <ip> <port>`: the failover of a master, ours or another's.
@@ -99,7 +99,7 @@ impl News {
         if master != name {
             return None;
         }
-        let master = Server::parse(ip, port)?;
+        let master = ServerAddr::parse(ip, port)?;
         if channel == TRY_FAILOVER {
             Some(Self::TryFailover { master })
         } else if ABORTS.contains(&channel) {
@@ -116,7 +116,7 @@ pub(super) enum Act {
     /// Hold calls: a failover started.
     Hold,
     /// Follow this master, and let held calls go.
-    Follow(Server),
+    Follow(ServerAddr),
     /// Let held calls go to the master followed now: the failover was given up.
     Release,
     /// Nothing: news of an earlier change, or of another sentinel's attempt.
@@ -128,9 +128,9 @@ pub(super) enum Act {
 pub(super) struct Heard {
     /// Failovers under way: the sentinel that announced each, the master it replaces, and
     /// until when calls wait for it.
-    holds: Vec<(String, Server, Instant)>,
+    holds: Vec<(String, ServerAddr, Instant)>,
     /// The master the last followed switch named, and until when nothing else is followed.
-    pinned: Option<(Server, Instant)>,
+    pinned: Option<(ServerAddr, Instant)>,
 }
 
 impl Heard {
@@ -179,7 +179,7 @@ impl Heard {
     }
 
     /// The master a switch followed within [`SWITCH_PIN`] of `now` named.
-    pub(super) fn pinned_at(&self, now: Instant) -> Option<&Server> {
+    pub(super) fn pinned_at(&self, now: Instant) -> Option<&ServerAddr> {
         self.pinned
             .as_ref()
             .filter(|(_, until)| now < *until)
@@ -193,8 +193,8 @@ mod tests {
 
     const NAME: &str = "inventory";
 
-    fn server(port: u16) -> Server {
-        Server {
+    fn server(port: u16) -> ServerAddr {
+        ServerAddr {
             host: "127.0.0.1".to_owned(),
             port,
         }
