@@ -43,6 +43,10 @@ use wait::{Acquired, WaitMode, Waiter};
 
 pub use atomic::sell as atomic_sell;
 
+/// The pause before a quorum attempt again after a majority of the lock nodes left one
+/// unanswered: the attempt itself already waited for them.
+const UNANSWERED_RETRY: Duration = Duration::from_millis(10);
+
 /// Why a lock could not be had.
 #[derive(Debug)]
 pub enum LockError {
@@ -579,6 +583,11 @@ impl Locks {
         // draws its token there with the quorum held: 1, 2, 3... s in line).
         let outages = self.cx.store.outages();
         let (failures, started) = (self.cx.store.failures(), Instant::now());
+        // Since when every attempt of this sale went unanswered by a majority of the lock
+        // nodes (quorum strategies): past the stock Redis's own timeout, a 503 as for a
+        // stock Redis that stopped answering, instead of a wait for the whole budget that
+        // would end in "the lock stayed held" when nobody held it.
+        let unanswered_since = &std::sync::Mutex::new(None::<Instant>);
         let attempt = waiter.until_acquired(
             owner,
             deadline,
@@ -602,9 +611,29 @@ impl Locks {
                     if failing {
                         return Err(crate::store::failed_while_waiting());
                     }
-                    match queued {
+                    let tried = Instant::now();
+                    let attempt = match queued {
                         Some(queued) => handoff::try_acquire(cx, lock, owner, queued).await,
                         None => try_acquire(cx, lock, owner).await,
+                    };
+                    let Ok(mut since) = unanswered_since.lock() else {
+                        return attempt;
+                    };
+                    match attempt {
+                        Err(e) if redlock::is_majority_unanswered(&e) => {
+                            let since = *since.get_or_insert(tried);
+                            if since.elapsed() >= self.cx.store.timeout() {
+                                Err(e)
+                            } else {
+                                Ok(Attempt::Busy {
+                                    retry_in: Some(UNANSWERED_RETRY),
+                                })
+                            }
+                        }
+                        attempt => {
+                            *since = None;
+                            attempt
+                        }
                     }
                 }
             },

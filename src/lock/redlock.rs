@@ -17,7 +17,9 @@
 //! (GC, `SIGSTOP`) wakes up believing it holds the lock and writes over the next holder's
 //! sale. A node that granted the lock and restarts empty at once lets a second owner reach
 //! a majority while the first still holds it: two holders. The Redlock page prescribes
-//! restarting a node only after a lease has passed (or `appendfsync always`).
+//! restarting a node only after a lease has passed (or `appendfsync always`). A node frozen
+//! with grants sent to it runs them when it wakes, after their sale gave up and gave them
+//! back elsewhere: the lock is then held, by nobody, for a lease from that moment.
 //!
 //! `redlock-fenced` keeps the quorum lock and adds `fenced`'s token, drawn from the Redis
 //! that keeps the stock (the lock nodes know nothing of tokens) and checked by the stock's
@@ -141,6 +143,24 @@ fn node_timed_out() -> RedisError {
     ))
 }
 
+/// An attempt that fewer than a majority of the lock nodes answered within their bound,
+/// without any of them refusing the connection ([`is_majority_unanswered`]).
+fn majority_unanswered() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        MAJORITY_UNANSWERED,
+    ))
+}
+
+const MAJORITY_UNANSWERED: &str =
+    "a majority of the lock nodes did not answer within their share of the lease";
+
+/// Whether `e` says an attempt went unanswered by a majority of the lock nodes: nobody can
+/// win while that lasts, but a node that was only slow may answer the next attempt.
+pub(super) fn is_majority_unanswered(e: &RedisError) -> bool {
+    e.is_timeout() && e.to_string().contains(MAJORITY_UNANSWERED)
+}
+
 fn not_configured() -> RedisError {
     RedisError::from((
         ErrorKind::Client,
@@ -157,7 +177,7 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
     let votes = on_every_node(cx, |node| super::set_nx(node, owner, Some(cx.ttl))).await;
     let validity = cx.ttl.checked_sub(started.elapsed() + drift(cx.ttl));
     let metrics = cx.store.metrics();
-    let (mut granted, mut down, mut shortest_busy) = (0, 0, None::<Duration>);
+    let (mut granted, mut busy, mut down, mut shortest_busy) = (0, 0, 0, None::<Duration>);
     let mut first_error = None;
     let mut maybe_ours = Vec::with_capacity(n);
     let mut labels = Vec::with_capacity(n);
@@ -169,6 +189,7 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
                 Vote::Granted
             }
             Ok(Attempt::Busy { retry_in }) => {
+                busy += 1;
                 if let Some(left) = retry_in {
                     shortest_busy = Some(shortest_busy.map_or(left, |s| s.min(left)));
                 }
@@ -214,6 +235,11 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
     if n - down < quorum(n) {
         // Too few nodes are up for any acquirer to win: fail fast (503), don't wait.
         return Err(first_error.unwrap_or_else(not_configured));
+    }
+    if granted + busy < quorum(n) {
+        // Up, but too few answered in time for anyone to win this round: slow nodes, or
+        // frozen ones. The caller tries again, and answers 503 once it has lasted.
+        return Err(majority_unanswered());
     }
     // Busy: retry after a random pause (up to a twentieth of the lease, at most 20 ms), so
     // acquirers that split the votes do not split them again; never past the shortest

@@ -110,6 +110,70 @@ async fn the_quorum_lock_sells_with_one_node_of_three_down_and_fails_fast_withou
     assert_eq!(audit["clean"], true, "{audit}");
 }
 
+/// Frozen nodes (`SIGSTOP`) accept connections and answer nothing, unlike stopped ones: a
+/// majority frozen is still a fast 503 that sold nothing, not a wait for the whole budget
+/// ending in "the lock stayed held" when nobody held it; a frozen minority costs votes only.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_quorum_lock_answers_503_soon_with_a_majority_of_nodes_frozen_and_sells_again_after() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let (_redis, nodes, app) = with_three_nodes(|b| b.env("LOCK_TTL_MS", 2_000)).await;
+    app.reset(100).await;
+    let pid = |i: usize| Pid::from_raw(nodes[i].pid().expect("a running node") as i32);
+    kill(pid(0), Signal::SIGSTOP).unwrap();
+    for strategy in QUORUM_STRATEGIES {
+        let sale = app.sale(&format!("strategy={strategy}")).await;
+        assert_eq!(
+            sale.status, 200,
+            "{strategy} with one node frozen: {sale:?}"
+        );
+    }
+    kill(pid(1), Signal::SIGSTOP).unwrap();
+    for strategy in QUORUM_STRATEGIES {
+        for _ in 0..2 {
+            let sale = app.sale(&format!("strategy={strategy}")).await;
+            assert_eq!(
+                (sale.status, sale.error_code()),
+                (503, "redis_unavailable"),
+                "{strategy} with two nodes of three frozen: {sale:?}"
+            );
+            // The wait budget is 10 s; the store's timeout is 300 ms, and one attempt
+            // waits up to twice the nodes' 100 ms bound (the votes, then the give-back).
+            assert!(
+                sale.elapsed < Duration::from_secs(3),
+                "{strategy}: {sale:?}"
+            );
+        }
+    }
+    assert_eq!(app.audit().await["sales"], 2, "the 503s sold nothing");
+    for i in [0, 1] {
+        kill(pid(i), Signal::SIGCONT).unwrap();
+    }
+    // A grant a frozen node runs only when it wakes may hold the lock for its lease
+    // (2 s here), for an owner that gave up: the quorum lock sells again after it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    for strategy in QUORUM_STRATEGIES {
+        loop {
+            let sale = app.sale(&format!("strategy={strategy}")).await;
+            if sale.status == 200 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{strategy} never recovered: {sale:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let audit = app.audit().await;
+    assert_eq!(
+        (audit["sales"].as_i64(), audit["clean"].as_bool()),
+        (Some(4), Some(true)),
+        "{audit}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_quorum_sale_without_lock_nodes_is_a_400_naming_the_setting() {
     let redis = RedisServer::start().await;
