@@ -65,7 +65,7 @@ pub(super) const QUANTUM: Duration = Duration::from_millis(5);
 /// Fixed, not fitted to the waits measured: at 64 instances on a loaded machine the
 /// hand-offs, not the tenures, make the round long (without tenures at all its p99 was
 /// 84 ms), and tenures shortened whenever a turn came late (down to a quarter of a
-/// millisecond) bought no shorter wait but more hand-offs, which loaded the machine
+/// millisecond) bought hardly a shorter wait but more hand-offs, which loaded the machine
 /// further: half the throughput, below rslock's, for the same longest acquire.
 const ROUND: Duration = Duration::from_millis(45);
 
