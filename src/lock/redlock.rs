@@ -6,20 +6,26 @@
 //! minority may be down, slow or cut off and the lock still works.
 //!
 //! How: the same owner value goes to every node at once (`SET NX PX`), each call bounded by
-//! a per-node timeout far below the lease, so one slow node cannot eat the validity. The
+//! a per-node timeout far below the lease, so one slow node cannot eat the validity, and
+//! settled as soon as the answers decide it: a slow or frozen minority costs no time. The
 //! lock is held when N/2+1 nodes granted it and `lease - time spent - drift` is still
-//! positive; otherwise it is given back on *every* node (a grant whose answer was lost may
-//! still have landed) and the sale retries after a random pause, so that competing
-//! acquirers do not keep splitting the votes. Releases and renewals are owner-checked on
-//! every node; a renewal counts only when a majority extended.
+//! positive; otherwise it is given back on *every* node but those that said busy (a grant
+//! whose answer was lost or is late may still land) and the sale retries after a random
+//! pause, so that competing acquirers do not keep splitting the votes. Give-backs and
+//! releases are one owner-checked `EVAL` each (`lua/give_back.lua`), which needs no script
+//! cached on the node and so runs right behind the grant it follows on that connection,
+//! even on a node that was frozen with both queued. Renewals count only when a majority
+//! extended.
 //!
 //! Still wrong (`redlock`): it issues no fencing token. A holder paused past its validity
 //! (GC, `SIGSTOP`) wakes up believing it holds the lock and writes over the next holder's
 //! sale. A node that granted the lock and restarts empty at once lets a second owner reach
 //! a majority while the first still holds it: two holders. The Redlock page prescribes
 //! restarting a node only after a lease has passed (or `appendfsync always`). A node frozen
-//! with grants sent to it runs them when it wakes, after their sale gave up and gave them
-//! back elsewhere: the lock is then held, by nobody, for a lease from that moment.
+//! so long that its connection's buffers fill (tens of thousands of calls queued) leaves
+//! the calls past that point unsent: a grant sent before its give-back could not go out
+//! would hold that node for a lease from the moment it wakes (one vote, not the lock,
+//! unless a majority froze that long).
 //!
 //! `redlock-fenced` keeps the quorum lock and adds `fenced`'s token, drawn from the Redis
 //! that keeps the stock (the lock nodes know nothing of tokens) and checked by the stock's
@@ -28,10 +34,13 @@
 //! the stock's single Redis, so the stock is as available as that node.
 
 use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
 use redis::{ErrorKind, RedisError, RedisResult};
 use tokio::time::{Instant, timeout};
 
@@ -117,22 +126,58 @@ fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
-/// Runs `call` on every node at once, each bounded by the per-node timeout.
-async fn on_every_node<'a, T, F, Fut>(cx: &'a LockCx, call: F) -> Vec<RedisResult<T>>
+/// Runs `call` on every node at once, each bounded by the per-node timeout, and returns as
+/// soon as `settled` says the answers so far decide the question (a majority granted, or
+/// can no longer): a node that is slow or frozen then costs a sale nothing once the others
+/// have answered, where waiting for every node cost it the node's whole bound, twice per
+/// sale (the votes, then the release: 0.5 s a sale with the default lease and one node
+/// frozen). A call still out then goes on by itself within its bound, as it must: what it
+/// sent may still land, and whatever follows on that node goes out on the same connection,
+/// behind it. Its slot is `None`.
+async fn until_settled<T, F, Fut, A>(
+    cx: &LockCx,
+    call: F,
+    answered: A,
+    settled: impl Fn(&[Option<RedisResult<T>>]) -> bool,
+) -> Vec<Option<RedisResult<T>>>
 where
-    F: Fn(&'a Store) -> Fut,
-    Fut: Future<Output = RedisResult<T>>,
+    T: Send + 'static,
+    F: Fn(Arc<[Store]>, usize) -> Fut,
+    Fut: Future<Output = RedisResult<T>> + Send + 'static,
+    A: Fn(usize, &RedisResult<T>) + Clone + Send + 'static,
 {
     let bound = node_timeout(cx.ttl);
-    join_all(cx.nodes.iter().map(|node| {
-        let call = call(node);
-        async move {
-            timeout(bound, call)
-                .await
-                .unwrap_or_else(|_| Err(node_timed_out()))
+    let mut out: FuturesUnordered<_> = (0..cx.nodes.len())
+        .map(|i| {
+            let (call, answered) = (call(cx.nodes.clone(), i), answered.clone());
+            let task = tokio::spawn(async move {
+                let answer = bounded(bound, call).await;
+                answered(i, &answer);
+                answer
+            });
+            async move { (i, task.await) }
+        })
+        .collect();
+    let mut answers: Vec<Option<RedisResult<T>>> = (0..cx.nodes.len()).map(|_| None).collect();
+    while let Some((i, joined)) = out.next().await {
+        answers[i] = Some(joined.unwrap_or_else(|e| {
+            Err(RedisError::from((
+                ErrorKind::Client,
+                "a lock node call failed",
+                e.to_string(),
+            )))
+        }));
+        if settled(&answers) {
+            break;
         }
-    }))
-    .await
+    }
+    answers
+}
+
+async fn bounded<T>(bound: Duration, call: impl Future<Output = RedisResult<T>>) -> RedisResult<T> {
+    timeout(bound, call)
+        .await
+        .unwrap_or_else(|_| Err(node_timed_out()))
 }
 
 /// A node slower than its share of the lease: busy, maybe, rather than down.
@@ -174,43 +219,70 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
         return Err(not_configured());
     }
     let started = Instant::now();
-    let votes = on_every_node(cx, |node| super::set_nx(node, owner, Some(cx.ttl))).await;
+    let (ttl, metrics, shared): (_, _, Arc<str>) =
+        (cx.ttl, cx.store.metrics_handle(), owner.into());
+    let votes = until_settled(
+        cx,
+        |nodes, i| {
+            let owner = shared.clone();
+            async move { super::set_nx(&nodes[i], &owner, Some(ttl)).await }
+        },
+        move |i, vote| {
+            metrics.node_vote(
+                i,
+                match vote {
+                    Ok(Attempt::Acquired { .. }) => Vote::Granted,
+                    Ok(Attempt::Busy { .. }) => Vote::Busy,
+                    Err(_) => Vote::Failed,
+                },
+            )
+        },
+        |votes| {
+            let granted = votes
+                .iter()
+                .filter(|v| matches!(v, Some(Ok(Attempt::Acquired { .. }))))
+                .count();
+            let against = votes.iter().flatten().count() - granted;
+            granted >= quorum(n) || against > n - quorum(n)
+        },
+    )
+    .await;
     let validity = cx.ttl.checked_sub(started.elapsed() + drift(cx.ttl));
     let metrics = cx.store.metrics();
-    let (mut granted, mut busy, mut down, mut shortest_busy) = (0, 0, 0, None::<Duration>);
-    let mut first_error = None;
+    let (mut granted, mut busy, mut down, mut late) = (0, 0, 0, 0);
+    let (mut shortest_busy, mut first_error) = (None::<Duration>, None);
     let mut maybe_ours = Vec::with_capacity(n);
     let mut labels = Vec::with_capacity(n);
     for (i, vote) in votes.into_iter().enumerate() {
-        let vote = match vote {
-            Ok(Attempt::Acquired { .. }) => {
+        labels.push(match vote {
+            Some(Ok(Attempt::Acquired { .. })) => {
                 maybe_ours.push(i);
                 granted += 1;
-                Vote::Granted
+                "granted"
             }
-            Ok(Attempt::Busy { retry_in }) => {
+            Some(Ok(Attempt::Busy { retry_in })) => {
                 busy += 1;
                 if let Some(left) = retry_in {
                     shortest_busy = Some(shortest_busy.map_or(left, |s| s.min(left)));
                 }
-                Vote::Busy
+                "busy"
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 maybe_ours.push(i);
                 // A refused connection is a node down; a slow answer only a lost vote.
                 if !e.is_timeout() {
                     down += 1;
                     first_error.get_or_insert(e);
                 }
-                Vote::Failed
+                "failed"
             }
-        };
-        labels.push(match vote {
-            Vote::Granted => "granted",
-            Vote::Busy => "busy",
-            Vote::Failed => "failed",
+            // Still out when the others settled it: its grant may yet land.
+            None => {
+                maybe_ours.push(i);
+                late += 1;
+                "late"
+            }
         });
-        metrics.node_vote(i, vote);
     }
     let held = matches!(validity, Some(left) if granted >= quorum(n) && !left.is_zero());
     let votes = labels.join(" ");
@@ -236,7 +308,7 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
         // Too few nodes are up for any acquirer to win: fail fast (503), don't wait.
         return Err(first_error.unwrap_or_else(not_configured));
     }
-    if granted + busy < quorum(n) {
+    if granted + busy + late < quorum(n) {
         // Up, but too few answered in time for anyone to win this round: slow nodes, or
         // frozen ones. The caller tries again, and answers 503 once it has lasted.
         return Err(majority_unanswered());
@@ -252,28 +324,49 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
 }
 
 async fn unlock_on(node: &Store, owner: &str, bound: Duration) -> RedisResult<i64> {
-    let unlock = &scripts::unlock_owned(&node.keys.lock, &node.keys, owner);
-    let call = node.call(|mut c| async move { unlock.invoke_async::<i64>(&mut c).await });
-    timeout(bound, call)
+    bounded(bound, unlock(node, owner)).await
+}
+
+async fn unlock(node: &Store, owner: &str) -> RedisResult<i64> {
+    let give_back = &scripts::give_back(&node.keys.lock, owner);
+    node.call(|mut c| async move { give_back.query_async::<i64>(&mut c).await })
         .await
-        .unwrap_or_else(|_| Err(node_timed_out()))
+}
+
+/// The answers that count towards `want` (`Ok(1)`: deleted, extended) and those that do not.
+fn tally(answers: &[Option<RedisResult<i64>>]) -> (usize, usize) {
+    let given = answers.iter().filter(|a| matches!(a, Some(Ok(1)))).count();
+    (given, answers.iter().flatten().count() - given)
 }
 
 async fn release_everywhere(cx: &LockCx, owner: &str) -> RedisResult<Released> {
-    if cx.nodes.is_empty() {
+    let n = cx.nodes.len();
+    if n == 0 {
         return Err(not_configured());
     }
-    let bound = node_timeout(cx.ttl);
-    let results = join_all(cx.nodes.iter().map(|node| unlock_on(node, owner, bound))).await;
-    let answered = results.iter().filter(|r| r.is_ok()).count();
-    let deleted: i64 = results.iter().flatten().sum();
-    if answered == 0
-        && let Some(Err(e)) = results.into_iter().find(Result::is_err)
+    let shared: Arc<str> = owner.into();
+    let results = until_settled(
+        cx,
+        |nodes, i| {
+            let owner = shared.clone();
+            async move { unlock(&nodes[i], &owner).await }
+        },
+        |_, _| {},
+        |answers| {
+            let (freed, not) = tally(answers);
+            freed >= quorum(n) || not > n - quorum(n)
+        },
+    )
+    .await;
+    let (freed, _) = tally(&results);
+    let answered: Vec<_> = results.into_iter().flatten().collect();
+    if !answered.iter().any(Result::is_ok)
+        && let Some(Err(e)) = answered.into_iter().next()
     {
         return Err(e);
     }
     // Freed when a majority gave it back; the nodes that did not answer let it expire.
-    Ok(if deleted as usize >= quorum(cx.nodes.len()) {
+    Ok(if freed >= quorum(n) {
         Released::Freed
     } else {
         Released::NotHeld
@@ -288,14 +381,27 @@ async fn extend_on_majority(cx: &LockCx, owner: &str) -> RedisResult<bool> {
         return Err(not_configured());
     }
     let ttl_ms = cx.ttl.as_millis() as u64;
-    let results = on_every_node(cx, |node| async move {
-        let extend = &scripts::extend_owned(&node.keys.lock, owner, ttl_ms);
-        node.call(|mut c| async move { extend.invoke_async::<i64>(&mut c).await })
-            .await
-    })
+    let shared: Arc<str> = owner.into();
+    let results = until_settled(
+        cx,
+        |nodes, i| {
+            let owner = shared.clone();
+            async move {
+                let node = &nodes[i];
+                let extend = &scripts::extend_owned(&node.keys.lock, &owner, ttl_ms);
+                node.call(|mut c| async move { extend.invoke_async::<i64>(&mut c).await })
+                    .await
+            }
+        },
+        |_, _| {},
+        |answers| {
+            let (extended, not) = tally(answers);
+            extended >= quorum(n) || not > n - quorum(n)
+        },
+    )
     .await;
-    let extended = results.iter().filter(|r| matches!(r, Ok(1))).count();
-    let refused = results.iter().filter(|r| matches!(r, Ok(0))).count();
+    let (extended, _) = tally(&results);
+    let refused = results.iter().filter(|r| matches!(r, Some(Ok(0)))).count();
     if extended >= quorum(n) {
         Ok(true)
     } else if refused > n - quorum(n) {
@@ -303,6 +409,7 @@ async fn extend_on_majority(cx: &LockCx, owner: &str) -> RedisResult<bool> {
     } else {
         Err(results
             .into_iter()
+            .flatten()
             .find_map(Result::err)
             .unwrap_or_else(not_configured))
     }

@@ -144,6 +144,17 @@ pub fn renew(lock: &str, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> 
     i
 }
 
+/// Compare-and-delete of a quorum lock's string key on one lock node, as one `EVAL` that
+/// needs nothing cached there (`lua/give_back.lua` says why): 1 when deleted.
+pub fn give_back(lock: &str, owner: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../../lua/give_back.lua"))
+        .arg(1)
+        .arg(lock)
+        .arg(owner);
+    cmd
+}
+
 /// 1 when `owner` still held the string lock at `lock` and its lease was extended.
 pub fn extend_owned(lock: &str, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
     let mut i = EXTEND_OWNED.key(lock);

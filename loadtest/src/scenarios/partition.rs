@@ -44,13 +44,14 @@ pub(super) async fn run(env: &mut Env, strategy: Strategy) -> anyhow::Result<(Ob
     let (app1_sold, app2_sold) = (sold(&app1), sold(&app2));
     let app1_failed = failed(&app1);
     let overlaps = overlapping_holders(&env.timeline);
-    // The quorum counts app1 made without the node it cannot reach.
+    // The quorum counts app1 made without the node it cannot reach: its vote failed, or
+    // was still out when the other two settled the attempt.
     let votes_without_node = env.timeline.count(|e| {
         e.is("app1", Event::LockQuorum)
             && e.fields
                 .get("votes")
                 .and_then(Value::as_str)
-                .is_some_and(|v| v.ends_with("failed"))
+                .is_some_and(|v| v.ends_with("failed") || v.ends_with("late"))
     });
     let audit = env.audit().await?;
     let observed = if !audit.clean || !overlaps.is_empty() {
