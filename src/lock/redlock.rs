@@ -36,12 +36,14 @@
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use redis::{ErrorKind, RedisError, RedisResult};
+use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout};
 
 use super::{Attempt, LockCx, RedisLockOps, Released};
@@ -147,11 +149,21 @@ where
     A: Fn(usize, &RedisResult<T>) + Clone + Send + 'static,
 {
     let bound = node_timeout(cx.ttl);
+    let mut sent = Vec::with_capacity(cx.nodes.len());
     let mut out: FuturesUnordered<_> = (0..cx.nodes.len())
         .map(|i| {
             let (call, answered) = (call(cx.nodes.clone(), i), answered.clone());
+            let (polled, first_poll) = oneshot::channel::<()>();
+            sent.push(first_poll);
             let task = tokio::spawn(async move {
-                let answer = bounded(bound, call).await;
+                let mut call = std::pin::pin!(bounded(bound, call));
+                let answer = match futures_util::poll!(call.as_mut()) {
+                    Poll::Ready(answer) => answer,
+                    Poll::Pending => {
+                        drop(polled);
+                        call.await
+                    }
+                };
                 answered(i, &answer);
                 answer
             });
@@ -169,6 +181,14 @@ where
         }));
         if settled(&answers) {
             break;
+        }
+    }
+    // Not before every call still out has been polled once, and so handed to its node's
+    // connection: a give-back sent next must go out behind the grant it undoes, not race a
+    // task that has not started yet.
+    for (answer, first_poll) in answers.iter().zip(sent) {
+        if answer.is_none() {
+            let _ = first_poll.await;
         }
     }
     answers
