@@ -263,6 +263,10 @@ pub struct LockCx {
     /// The newest fencing token this instance has drawn: if Redis loses its data (and its
     /// counter), the counter restarts above it instead of handing out old tokens again.
     pub newest_fence: Arc<std::sync::atomic::AtomicU64>,
+    /// How many sales have given up because a majority of the lock nodes left their
+    /// attempts unanswered: a quorum sale that waited in line since before it moved answers
+    /// 503 too, instead of starting a streak of its own (8 sales in line: 1 to 10 s apart).
+    pub quorum_outages: Arc<std::sync::atomic::AtomicU64>,
     /// Fencing tokens a queued attempt draws when it is granted the lock (`notify`): one,
     /// or with tenures a block, the rest for the sales the tenure passes the lock to.
     pub fence_block: u64,
@@ -388,6 +392,7 @@ impl Locks {
             ttl,
             release_gap,
             newest_fence: Arc::default(),
+            quorum_outages: Arc::default(),
             fence_block: 1,
         };
         Self::listening(cx, mode)
@@ -434,6 +439,7 @@ impl Locks {
             ttl: self.cx.ttl,
             release_gap: self.cx.release_gap,
             newest_fence: self.cx.newest_fence.clone(),
+            quorum_outages: self.cx.quorum_outages.clone(),
             fence_block: self.cx.fence_block,
         };
         Self::listening(cx, self.mode).with_tenure(self.tenure)
@@ -588,6 +594,7 @@ impl Locks {
         // stock Redis that stopped answering, instead of a wait for the whole budget that
         // would end in "the lock stayed held" when nobody held it.
         let unanswered_since = &std::sync::Mutex::new(None::<Instant>);
+        let quorum_outages = self.cx.quorum_outages.load(Ordering::Acquire);
         let attempt = waiter.until_acquired(
             owner,
             deadline,
@@ -604,9 +611,14 @@ impl Locks {
                 let outage = self.cx.store.outages() != outages;
                 let failing = self.cx.store.failures() != failures
                     && started.elapsed() >= self.cx.store.timeout();
+                let quorum_outage = lock.info().quorum
+                    && self.cx.quorum_outages.load(Ordering::Acquire) != quorum_outages;
                 async move {
                     if outage {
                         return Err(crate::store::unanswered_while_waiting());
+                    }
+                    if quorum_outage {
+                        return Err(redlock::majority_unanswered());
                     }
                     if failing {
                         return Err(crate::store::failed_while_waiting());
@@ -623,6 +635,7 @@ impl Locks {
                         Err(e) if redlock::is_majority_unanswered(&e) => {
                             let since = *since.get_or_insert(tried);
                             if since.elapsed() >= self.cx.store.timeout() {
+                                self.cx.quorum_outages.fetch_add(1, Ordering::AcqRel);
                                 Err(e)
                             } else {
                                 Ok(Attempt::Busy {
@@ -674,6 +687,7 @@ impl Locks {
         let started = Instant::now();
         let outages = self.cx.store.outages();
         let failures = self.cx.store.failures();
+        let quorum_outages = self.cx.quorum_outages.load(Ordering::Acquire);
         loop {
             // Every wait here ends within a few tens of milliseconds to join again: a sale
             // that sees Redis left a call unanswered meanwhile (the sale standing in the
@@ -688,6 +702,13 @@ impl Locks {
             if self.cx.store.failures() != failures && started.elapsed() >= self.cx.store.timeout()
             {
                 return Err(LockError::Redis(crate::store::failed_while_waiting()));
+            }
+            // A quorum sale in the Redis queue for this instance gave up, a majority of the
+            // lock nodes unanswering: the sales in line behind it answer now.
+            if lock.info().quorum
+                && self.cx.quorum_outages.load(Ordering::Acquire) != quorum_outages
+            {
+                return Err(LockError::Redis(redlock::majority_unanswered()));
             }
             // Ok: a tenure passed here; Err: the sale stands in the Redis queue for this
             // instance, and asks Redis.

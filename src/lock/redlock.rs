@@ -210,7 +210,7 @@ fn node_timed_out() -> RedisError {
 
 /// An attempt that fewer than a majority of the lock nodes answered within their bound,
 /// without any of them refusing the connection ([`is_majority_unanswered`]).
-fn majority_unanswered() -> RedisError {
+pub(super) fn majority_unanswered() -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         MAJORITY_UNANSWERED,

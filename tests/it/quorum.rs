@@ -154,6 +154,24 @@ async fn the_quorum_lock_answers_503_soon_with_a_majority_of_nodes_frozen_and_se
             refused_soon(&app, strategy, Duration::from_secs(3)).await;
         }
     }
+    // Sales in line behind one another (one at a time stands in the Redis queue for the
+    // instance) answer together once the first has given up, not one streak apart each.
+    for strategy in QUORUM_STRATEGIES {
+        let query = format!("strategy={strategy}");
+        let sales = futures_util::future::join_all((0..8).map(|_| app.sale(&query))).await;
+        for sale in &sales {
+            assert_eq!(
+                (sale.status, sale.error_code()),
+                (503, "redis_unavailable"),
+                "{strategy}: {sale:?}"
+            );
+        }
+        let slowest = sales.iter().map(|s| s.elapsed).max().unwrap_or_default();
+        assert!(
+            slowest < Duration::from_secs(3),
+            "{strategy}: 8 sales in line took {slowest:?} to be refused"
+        );
+    }
     assert_eq!(app.audit().await["sales"], 6, "the 503s sold nothing");
     for i in [0, 1] {
         kill(pid(i), Signal::SIGCONT).unwrap();
