@@ -25,7 +25,10 @@
 //! so long that its connection's buffers fill (tens of thousands of calls queued) leaves
 //! the calls past that point unsent: a grant sent before its give-back could not go out
 //! would hold that node for a lease from the moment it wakes (one vote, not the lock,
-//! unless a majority froze that long).
+//! unless a majority froze that long). A holder whose renewals go unanswered (a majority
+//! frozen) learns that its lease is lost only at the renewal's next tick, a third of the
+//! lease apart, and may write in between, after another owner took the lock: reachable
+//! only with work longer than the lease (1.4 s of work under a 1 s lease: two holders).
 //!
 //! `redlock-fenced` keeps the quorum lock and adds `fenced`'s token, drawn from the Redis
 //! that keeps the stock (the lock nodes know nothing of tokens) and checked by the stock's
