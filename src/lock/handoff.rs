@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use redis::RedisResult;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
+use super::renewal::Lease;
 use super::{Attempt, LockCx, RedisLock};
 use crate::store::{Keys, scripts};
 
@@ -33,7 +35,13 @@ pub(crate) struct HandedLease(watch::Receiver<Option<bool>>);
 impl HandedLease {
     /// Extends `owner`'s handed lock to the full lease, in a task of its own. Nothing to do
     /// when the lease is no longer than the handed one.
-    pub(crate) fn start(cx: &LockCx, lock: RedisLock, owner: &Arc<str>) -> Option<Arc<Self>> {
+    /// A yes extends `lease` too, the renewal's, if the strategy renews.
+    pub(crate) fn start(
+        cx: &LockCx,
+        lock: RedisLock,
+        owner: &Arc<str>,
+        lease: Option<Arc<Lease>>,
+    ) -> Option<Arc<Self>> {
         let shape = shape(lock)?;
         if cx.ttl <= HANDED_LEASE {
             return None;
@@ -48,10 +56,14 @@ impl HandedLease {
                 scripts::renew(&store.keys.lock, &owner, ttl_ms)
             };
             let extend = &extend;
+            let sent = Instant::now();
             let extended: RedisResult<i64> = store
                 .call(|mut c| async move { extend.invoke_async(&mut c).await })
                 .await;
             let held = matches!(extended, Ok(1));
+            if let (true, Some(lease)) = (held, &lease) {
+                lease.extended(sent);
+            }
             if !held {
                 store.metrics().lock_lost();
                 tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, reason = "a handed-over lock could not be extended", error = extended.err().map(|e| e.to_string()), "lock lost");

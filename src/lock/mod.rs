@@ -110,7 +110,7 @@ impl Attempt {
 
 /// What an acquisition got: its fencing token, if the strategy draws one, and how many
 /// waiters were still queued behind it, when the hand-off queue says.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
     pub fence: Option<u64>,
     pub behind: Option<u64>,
@@ -120,9 +120,23 @@ pub struct Grant {
     /// Handed over by a release, with its short lease ([`handoff::HANDED_LEASE`]), and heard
     /// of from the inbox: the lease is still to be extended.
     pub handed: bool,
+    /// When the call that wrote this lease was sent (for a lock handed over, a moment
+    /// before its release wrote it): the lease surely runs from then, whenever Redis ran it.
+    pub leased_from: Instant,
 }
 
 impl Grant {
+    /// Until when the lease this grant gave surely lasts, before any renewal: from its
+    /// sending, the lease the grant was written with, less the clocks' drift.
+    fn good_until(&self, ttl: Duration) -> Instant {
+        let lease = if self.handed {
+            ttl.min(handoff::HANDED_LEASE)
+        } else {
+            ttl
+        };
+        self.leased_from + lease.saturating_sub(redlock::drift(ttl))
+    }
+
     /// The tokens drawn with this grant beyond its own, `next..=last`, if any.
     fn spare_fences(&self) -> Option<(u64, u64)> {
         let (fence, last) = (self.fence?, self.fence_to?);
@@ -509,9 +523,11 @@ impl Locks {
                     Acquired::Granted(grant) => grant,
                     Acquired::Passed(never) => match never {},
                 };
-                handed = self.handed_lease(lock, owner, &grant);
-                let renewal = (lock.info().renews && !nested)
-                    .then(|| Renewal::start(self.cx.clone(), lock, owner.clone()));
+                let renewal = (lock.info().renews && !nested).then(|| {
+                    let good_until = grant.good_until(self.cx.ttl);
+                    Renewal::start(self.cx.clone(), lock, owner.clone(), good_until)
+                });
+                handed = self.handed_lease(lock, owner, &grant, renewal.as_ref());
                 (grant.fence, Hold::Redis(lock, renewal))
             }
         };
@@ -546,10 +562,12 @@ impl Locks {
         lock: RedisLock,
         owner: &Arc<str>,
         grant: &Grant,
+        renewal: Option<&Renewal>,
     ) -> Option<Arc<handoff::HandedLease>> {
+        let lease = renewal.map(|r| r.lease().clone());
         grant
             .handed
-            .then(|| handoff::HandedLease::start(&self.cx, lock, owner))
+            .then(|| handoff::HandedLease::start(&self.cx, lock, owner, lease))
             .flatten()
     }
 
@@ -776,10 +794,11 @@ impl Locks {
             if let Some(tenure) = late {
                 self.hand_back(tenure);
             }
-            let renewal = lock
-                .info()
-                .renews
-                .then(|| Renewal::start(self.cx.clone(), lock, owner.clone()));
+            let renewal = lock.info().renews.then(|| {
+                let good_until = grant.good_until(self.cx.ttl);
+                Renewal::start(self.cx.clone(), lock, owner.clone(), good_until)
+            });
+            let handed = self.handed_lease(lock, owner, &grant, renewal.as_ref());
             let acquired = Instant::now();
             let quantum = cohort::quantum(self.tenure, grant.behind);
             self.cohort.began(lock, acquired, quantum);
@@ -793,7 +812,7 @@ impl Locks {
                 renewal,
                 tokens: grant.spare_fences(),
                 prefetched: None,
-                handed: self.handed_lease(lock, owner, &grant),
+                handed,
             };
             return Ok((grant.fence, Hold::Cohort(tenure)));
         }

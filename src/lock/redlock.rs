@@ -25,10 +25,12 @@
 //! so long that its connection's buffers fill (tens of thousands of calls queued) leaves
 //! the calls past that point unsent: a grant sent before its give-back could not go out
 //! would hold that node for a lease from the moment it wakes (one vote, not the lock,
-//! unless a majority froze that long). A holder whose renewals go unanswered (a majority
-//! frozen) learns that its lease is lost only at the renewal's next tick, a third of the
-//! lease apart, and may write in between, after another owner took the lock: reachable
-//! only with work longer than the lease (1.4 s of work under a 1 s lease: two holders).
+//! unless a majority froze that long). The check before the write can only narrow the
+//! window: a holder whose renewals go unanswered (a majority frozen) knows its lease lasts
+//! from the sending of the last renewal that worked, and stops writing once that ran out
+//! ([`super::renewal`]; it used to wait for the renewal's next tick, a third of a lease
+//! later, and wrote over the next owner's sale in between), but a pause between the check
+//! and the write still gives two writers.
 //!
 //! `redlock-fenced` keeps the quorum lock and adds `fenced`'s token, drawn from the Redis
 //! that keeps the stock (the lock nodes know nothing of tokens) and checked by the stock's
@@ -127,7 +129,7 @@ fn node_timeout(ttl: Duration) -> Duration {
 
 /// Clocks of different machines run at slightly different rates: the validity is shortened
 /// by 1% of the lease plus 2 ms, as the Redlock algorithm prescribes.
-fn drift(ttl: Duration) -> Duration {
+pub(super) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 

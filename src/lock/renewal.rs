@@ -1,36 +1,119 @@
 //! The watchdog: renews a held lock every third of its lease until released or lost.
 //!
-//! A renewal that finds the lock gone marks the hold as lost; so does a Redis that stays
-//! unreachable for a whole lease, since the key has surely expired by then. The sale checks
-//! the mark before it writes. Dropping the [`Renewal`] stops the task, so a sale that ends
-//! without releasing cannot keep its lock alive forever.
+//! A renewal that finds the lock gone marks the hold as lost. So does time, once a renewal
+//! has failed (Redis, or a majority of the lock nodes, not answering): the lease is then
+//! known to last only until the last call that set it was *sent*, plus the lease, less the
+//! clock drift, and from that moment the hold is lost, checked by the sale itself at its
+//! write rather than at the renewal's next tick, a third of a lease later (a holder with
+//! work longer than its lease, whose renewals went unanswered, used to write in between,
+//! after another owner had taken the lock). The sale checks before it writes. Dropping the
+//! [`Renewal`] stops the task, so a sale that ends without releasing cannot keep its lock
+//! alive forever.
+//!
+//! What time does not catch: a holder whose whole process was paused renewed nothing and
+//! saw nothing fail, so it wakes believing its lease good, and a pause between the check
+//! and the write defeats any check. That is what fencing tokens are for.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep};
 
 use super::{LockCx, RedisLock};
 
+/// What the holder knows for sure of its lease: until when it lasts at least.
+pub struct Lease {
+    base: Instant,
+    /// Nanoseconds after `base` (negative: before) until which the lease surely lasts.
+    good_until: AtomicI64,
+    /// The lease every successful call gives, from its sending time: the lock's TTL less the
+    /// drift of the clocks.
+    length: Duration,
+    /// The last renewal failed: the lease may end at `good_until`.
+    failing: AtomicBool,
+    lost: AtomicBool,
+}
+
+impl Lease {
+    /// `good_until`: the end of the lease the acquisition surely gave.
+    fn new(ttl: Duration, good_until: Instant) -> Self {
+        let base = Instant::now();
+        Self {
+            base,
+            good_until: AtomicI64::new(offset(base, good_until)),
+            length: ttl.saturating_sub(super::redlock::drift(ttl)),
+            failing: AtomicBool::new(false),
+            lost: AtomicBool::new(false),
+        }
+    }
+
+    /// A call sent at `sent` set the lease afresh (a renewal, the extension of a lock
+    /// handed over).
+    pub(super) fn extended(&self, sent: Instant) {
+        let until = offset(self.base, sent + self.length);
+        self.good_until.fetch_max(until, Ordering::AcqRel);
+        self.failing.store(false, Ordering::Release);
+    }
+
+    fn failed(&self) {
+        self.failing.store(true, Ordering::Release);
+    }
+
+    fn failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
+    }
+
+    /// How long the lease surely lasts from now.
+    fn left(&self) -> Duration {
+        let until = self.good_until.load(Ordering::Acquire);
+        let now = offset(self.base, Instant::now());
+        Duration::from_nanos(u64::try_from(until.saturating_sub(now)).unwrap_or(0))
+    }
+
+    fn lose(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire) || (self.failing() && self.left().is_zero())
+    }
+}
+
+fn offset(base: Instant, at: Instant) -> i64 {
+    let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+    match at.checked_duration_since(base) {
+        Some(after) => nanos(after),
+        None => -nanos(base.duration_since(at)),
+    }
+}
+
 pub struct Renewal {
-    lost: Arc<AtomicBool>,
+    lease: Arc<Lease>,
     _stop: oneshot::Sender<()>,
 }
 
 impl Renewal {
-    pub fn start(cx: LockCx, lock: RedisLock, owner: Arc<str>) -> Self {
-        let lost = Arc::new(AtomicBool::new(false));
+    /// `good_until`: the end of the lease the acquisition surely gave (see
+    /// [`super::Grant::lease_floor`]).
+    pub fn start(cx: LockCx, lock: RedisLock, owner: Arc<str>, good_until: Instant) -> Self {
+        let lease = Arc::new(Lease::new(cx.ttl, good_until));
         let (stop_tx, stop) = oneshot::channel();
-        tokio::spawn(renew_until_stopped(cx, lock, owner, lost.clone(), stop));
+        tokio::spawn(renew_until_stopped(cx, lock, owner, lease.clone(), stop));
         Self {
-            lost,
+            lease,
             _stop: stop_tx,
         }
     }
 
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.lease.is_lost()
+    }
+
+    /// For the extension of a lock handed over, which sets the same lease.
+    pub(super) fn lease(&self) -> &Arc<Lease> {
+        &self.lease
     }
 }
 
@@ -38,19 +121,33 @@ async fn renew_until_stopped(
     cx: LockCx,
     lock: RedisLock,
     owner: Arc<str>,
-    lost: Arc<AtomicBool>,
+    lease: Arc<Lease>,
     mut stop: oneshot::Receiver<()>,
 ) {
     let interval = cx.ttl / 3;
-    let mut last_renewed = Instant::now();
+    let lost = |reason: &str, error: Option<String>| {
+        cx.store.metrics().lock_lost();
+        tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, reason, error, "lock lost");
+        lease.lose();
+    };
     loop {
+        // While renewals fail, wake when the lease runs out rather than a tick later.
+        let pause = if lease.failing() {
+            interval.min(lease.left())
+        } else {
+            interval
+        };
         tokio::select! {
             // Fires on release and on drop alike.
             _ = &mut stop => return,
-            () = sleep(interval) => {}
+            () = sleep(pause) => {}
+        }
+        if lease.failing() && lease.left().is_zero() {
+            return lost("could not renew within its lease", None);
         }
         let acked = cx.acked();
         let renewing = acked.as_ref().map_or(&cx, |(cx, _)| cx);
+        let sent = Instant::now();
         let renewed = super::renew(renewing, lock, &owner).await;
         let wanted = i64::from(cx.store.replication().acks);
         let unreplicated = acked
@@ -63,27 +160,22 @@ async fn renew_until_stopped(
             Ok(true) if unreplicated.is_some() => {
                 cx.store.metrics().lock_lost();
                 tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, acked = unreplicated, wanted, reason = "renewal not acknowledged by enough replicas", "lock lost");
-                lost.store(true, Ordering::Release);
+                lease.lose();
                 return;
             }
             Ok(true) => {
-                last_renewed = Instant::now();
+                lease.extended(sent);
                 cx.store.metrics().renewal();
                 tracing::debug!(event = crate::events::Event::LockRenewed.name(), %owner, "lock renewed");
             }
-            Ok(false) => {
-                cx.store.metrics().lock_lost();
-                tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, reason = "renewal found it gone or taken", "lock lost");
-                lost.store(true, Ordering::Release);
-                return;
+            Ok(false) => return lost("renewal found it gone or taken", None),
+            Err(e) => {
+                lease.failed();
+                if lease.left().is_zero() {
+                    return lost("could not renew within its lease", Some(e.to_string()));
+                }
+                tracing::warn!(%owner, error = %e, "renewal failed; retrying");
             }
-            Err(e) if last_renewed.elapsed() >= cx.ttl => {
-                cx.store.metrics().lock_lost();
-                tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, error = %e, reason = "could not renew within its lease", "lock lost");
-                lost.store(true, Ordering::Release);
-                return;
-            }
-            Err(e) => tracing::warn!(%owner, error = %e, "renewal failed; retrying"),
         }
     }
 }

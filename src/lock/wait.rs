@@ -258,6 +258,7 @@ impl Waiter {
             self.attempts.fetch_add(1, Ordering::Relaxed);
             // A Redis error drops the registration as cancelled: a hand-off that still
             // arrives for it is released at once.
+            let sent = Instant::now();
             let retry_in = match attempt(Some(queued)).await? {
                 Attempt::Acquired {
                     fence,
@@ -270,6 +271,7 @@ impl Waiter {
                         behind,
                         fence_to,
                         handed: false,
+                        leased_from: sent,
                     }));
                 }
                 Attempt::Busy { retry_in } => retry_in,
@@ -296,6 +298,8 @@ impl Waiter {
                     behind: handed.as_ref().map(|h| h.behind),
                     fence_to: handed.as_ref().and_then(Handed::fence_to),
                     handed: true,
+                    // The release wrote it for the entry this wait's first attempt made.
+                    leased_from: started,
                 }));
             }
             phase = Phase::Wait;
@@ -350,6 +354,7 @@ impl Waiter {
         Fut: Future<Output = RedisResult<Attempt>>,
     {
         self.attempts.fetch_add(1, Ordering::Relaxed);
+        let sent = Instant::now();
         let retry_in = match attempt().await? {
             Attempt::Acquired {
                 fence,
@@ -361,6 +366,7 @@ impl Waiter {
                     behind,
                     fence_to,
                     handed: false,
+                    leased_from: sent,
                 }));
             }
             Attempt::Busy { retry_in } => retry_in,

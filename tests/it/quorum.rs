@@ -212,6 +212,71 @@ async fn the_quorum_lock_answers_503_soon_with_a_majority_of_nodes_frozen_and_se
     );
 }
 
+/// A holder whose renewals go unanswered (a majority of the lock nodes frozen) knows its
+/// lease lasts only from the sending of the last renewal that worked: past that, with work
+/// still to finish, it must not write, whatever its next renewal would say a tick later.
+/// Here the nodes wake and the other instance takes the lock (its lease ran out on them)
+/// while the holder's work goes on; before, the holder wrote too, over that sale.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quorum_holder_whose_renewals_go_unanswered_never_writes_past_its_lease() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    const TTL_MS: u64 = 1000;
+    let redis = RedisServer::start().await;
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(RedisServer::start().await);
+    }
+    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let start = |name: &str| {
+        InstanceBuilder::new(&redis, name)
+            .env("LOCK_NODES", list.join(","))
+            .env("LOCK_TTL_MS", TTL_MS)
+            .env("REDIS_TIMEOUT_MS", 300)
+            .start()
+    };
+    let (holder, other) = (start("app1").await, start("app2").await);
+    let pid = |i: usize| Pid::from_raw(nodes[i].pid().expect("a running node") as i32);
+    for strategy in QUORUM_STRATEGIES {
+        holder.reset(5).await;
+        let ms = Duration::from_millis;
+        let began = tokio::time::Instant::now();
+        // Work past the lease: only renewals keep the lock.
+        let long = format!("strategy={strategy}&work_ms={}", TTL_MS * 14 / 10);
+        let held = holder.sale(&long);
+        let fault = async {
+            // After the first renewal (a third of the lease in), before the second.
+            tokio::time::sleep_until(began + ms(TTL_MS * 4 / 10)).await;
+            for i in [0, 1] {
+                kill(pid(i), Signal::SIGSTOP).unwrap();
+            }
+            // The lease the first renewal gave has run out on the frozen nodes.
+            tokio::time::sleep_until(began + ms(TTL_MS * 135 / 100)).await;
+            for i in [0, 1] {
+                kill(pid(i), Signal::SIGCONT).unwrap();
+            }
+            tokio::time::sleep(ms(10)).await;
+            other.sale(&format!("strategy={strategy}")).await
+        };
+        let (held, taken) = tokio::join!(held, fault);
+        assert_eq!(
+            taken.status, 200,
+            "{strategy}: the lock never changed hands, nothing was tested: {taken:?}"
+        );
+        assert_ne!(
+            held.status, 200,
+            "{strategy}: the holder wrote after its lease ran out: {held:?}, and {taken:?}"
+        );
+        let audit = holder.audit().await;
+        assert_eq!(
+            (audit["sales"].as_i64(), audit["clean"].as_bool()),
+            (Some(1), Some(true)),
+            "{strategy}: {audit}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_quorum_sale_without_lock_nodes_is_a_400_naming_the_setting() {
     let redis = RedisServer::start().await;
