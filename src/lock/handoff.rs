@@ -33,9 +33,12 @@ pub(crate) const HANDED_LEASE: Duration = Duration::from_millis(1000);
 pub(crate) struct HandedLease(watch::Receiver<Option<bool>>);
 
 impl HandedLease {
-    /// Extends `owner`'s handed lock to the full lease, in a task of its own. Nothing to do
-    /// when the lease is no longer than the handed one.
-    /// A yes extends `lease` too, the renewal's, if the strategy renews.
+    /// Extends `owner`'s handed lock to the full lease, in a task of its own. A yes extends
+    /// `lease` too, the renewal's, if the strategy renews. Nothing to do when the lease is no
+    /// longer than the handed one and nothing renews it; a renewing holder needs the call
+    /// all the same: its lease counts from the call that set it, and when the release wrote
+    /// the handed lock is known here only as "after this wait began", which may be a lease
+    /// ago (every handed sale of a wait longer than the lease would be refused).
     pub(crate) fn start(
         cx: &LockCx,
         lock: RedisLock,
@@ -43,7 +46,7 @@ impl HandedLease {
         lease: Option<Arc<Lease>>,
     ) -> Option<Arc<Self>> {
         let shape = shape(lock)?;
-        if cx.ttl <= HANDED_LEASE {
+        if cx.ttl <= HANDED_LEASE && lease.is_none() {
             return None;
         }
         let (tx, rx) = watch::channel(None);

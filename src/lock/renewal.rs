@@ -1,18 +1,20 @@
 //! The watchdog: renews a held lock every third of its lease until released or lost.
 //!
-//! A renewal that finds the lock gone marks the hold as lost. So does time, once a renewal
-//! has failed (Redis, or a majority of the lock nodes, not answering): the lease is then
-//! known to last only until the last call that set it was *sent*, plus the lease, less the
-//! clock drift, and from that moment the hold is lost, checked by the sale itself at its
-//! write rather than at the renewal's next tick, a third of a lease later (a holder with
-//! work longer than its lease, whose renewals went unanswered, used to write in between,
-//! after another owner had taken the lock). The sale checks before it writes. Dropping the
-//! [`Renewal`] stops the task, so a sale that ends without releasing cannot keep its lock
-//! alive forever.
+//! The hold is lost once a renewal finds the lock gone, and, once a renewal has been sent
+//! and not confirmed, when its lease runs out: the lease surely lasts from the *sending* of
+//! the last call that set it (the acquisition, a renewal, the extension of a lock handed
+//! over), plus the lease, less the clock drift. The sale checks that at its write. Before,
+//! time counted only once a renewal had failed, so a holder whose renewal was still waiting
+//! for its answer when the lease ended (`REDIS_TIMEOUT_MS` longer than two thirds of the
+//! lease) wrote after another owner had taken the lock. A renewal that fails is tried again
+//! soon, within what is left of the lease, rather than a third of a lease later: a pause of
+//! Redis shorter than the lease costs nothing. Dropping the [`Renewal`] stops the task, so a
+//! sale that ends without releasing cannot keep its lock alive forever.
 //!
-//! What time does not catch: a holder whose whole process was paused renewed nothing and
-//! saw nothing fail, so it wakes believing its lease good, and a pause between the check
-//! and the write defeats any check. That is what fencing tokens are for.
+//! What time does not catch: a holder whose whole process was paused sent no renewal and saw
+//! nothing fail, so it wakes believing its lease good (the watchdog's flaw, which the pause
+//! scenarios show), and a pause between the check and the write defeats any check. That is
+//! what fencing tokens are for.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -31,8 +33,8 @@ pub struct Lease {
     /// The lease every successful call gives, from its sending time: the lock's TTL less the
     /// drift of the clocks.
     length: Duration,
-    /// The last renewal failed: the lease may end at `good_until`.
-    failing: AtomicBool,
+    /// A renewal was sent and has not succeeded yet: the lease may end at `good_until`.
+    unconfirmed: AtomicBool,
     lost: AtomicBool,
 }
 
@@ -44,7 +46,7 @@ impl Lease {
             base,
             good_until: AtomicI64::new(offset(base, good_until)),
             length: ttl.saturating_sub(super::redlock::drift(ttl)),
-            failing: AtomicBool::new(false),
+            unconfirmed: AtomicBool::new(false),
             lost: AtomicBool::new(false),
         }
     }
@@ -54,15 +56,6 @@ impl Lease {
     pub(super) fn extended(&self, sent: Instant) {
         let until = offset(self.base, sent + self.length);
         self.good_until.fetch_max(until, Ordering::AcqRel);
-        self.failing.store(false, Ordering::Release);
-    }
-
-    fn failed(&self) {
-        self.failing.store(true, Ordering::Release);
-    }
-
-    fn failing(&self) -> bool {
-        self.failing.load(Ordering::Acquire)
     }
 
     /// How long the lease surely lasts from now.
@@ -76,8 +69,11 @@ impl Lease {
         self.lost.store(true, Ordering::Release);
     }
 
+    /// Not final by time alone: a later success proves the lock was held throughout (an
+    /// owner-checked renewal finds an expired lock gone).
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire) || (self.failing() && self.left().is_zero())
+        self.lost.load(Ordering::Acquire)
+            || (self.unconfirmed.load(Ordering::Acquire) && self.left().is_zero())
     }
 }
 
@@ -125,15 +121,17 @@ async fn renew_until_stopped(
     mut stop: oneshot::Receiver<()>,
 ) {
     let interval = cx.ttl / 3;
+    // After a failure: soon, so that Redis back within the lease finds a renewal in time.
+    let retry = interval / 4;
+    let mut failed = false;
     let lost = |reason: &str, error: Option<String>| {
         cx.store.metrics().lock_lost();
         tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, reason, error, "lock lost");
         lease.lose();
     };
     loop {
-        // While renewals fail, wake when the lease runs out rather than a tick later.
-        let pause = if lease.failing() {
-            interval.min(lease.left())
+        let pause = if failed {
+            retry.min(lease.left())
         } else {
             interval
         };
@@ -142,8 +140,15 @@ async fn renew_until_stopped(
             _ = &mut stop => return,
             () = sleep(pause) => {}
         }
-        if lease.failing() && lease.left().is_zero() {
+        if lease.is_lost() || (failed && lease.left().is_zero()) {
             return lost("could not renew within its lease", None);
+        }
+        // Time counts for a renewal sent within the lease. One sent after it, by a process
+        // that was paused past its lease, is left to its answer: that holder's write is the
+        // watchdog's flaw, which fencing refuses, and counting it would make the pause
+        // scenarios a race between this task and the sale's check.
+        if !lease.left().is_zero() {
+            lease.unconfirmed.store(true, Ordering::Release);
         }
         let acked = cx.acked();
         let renewing = acked.as_ref().map_or(&cx, |(cx, _)| cx);
@@ -164,13 +169,15 @@ async fn renew_until_stopped(
                 return;
             }
             Ok(true) => {
+                failed = false;
                 lease.extended(sent);
+                lease.unconfirmed.store(false, Ordering::Release);
                 cx.store.metrics().renewal();
                 tracing::debug!(event = crate::events::Event::LockRenewed.name(), %owner, "lock renewed");
             }
             Ok(false) => return lost("renewal found it gone or taken", None),
             Err(e) => {
-                lease.failed();
+                failed = true;
                 if lease.left().is_zero() {
                     return lost("could not renew within its lease", Some(e.to_string()));
                 }

@@ -13,6 +13,7 @@ mod handoff;
 mod harness;
 mod items;
 mod leaks;
+mod lease;
 mod loadtest_items;
 mod lua;
 mod optimistic;
