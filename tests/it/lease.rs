@@ -171,3 +171,54 @@ async fn renewing_holders_in_line_longer_than_the_lease_all_sell() {
         assert_sales(&apps[0], 4, strategy.name()).await;
     }
 }
+
+/// The same for the quorum lock, whose renewals go unanswered with a majority of its nodes
+/// frozen: past the lease the last renewal that worked gave, with work still to finish, the
+/// holder must not write, whatever its next renewal would say a tick later. Here the nodes
+/// wake and the other instance takes the lock (its lease ran out on them) while the
+/// holder's work goes on; before, the holder wrote too, over that sale.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quorum_holder_whose_renewals_go_unanswered_never_writes_past_its_lease() {
+    let redis = RedisServer::start().await;
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(RedisServer::start().await);
+    }
+    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let start = |name: &str| {
+        InstanceBuilder::new(&redis, name)
+            .env("LOCK_NODES", list.join(","))
+            .env("LOCK_TTL_MS", TTL_MS)
+            .env("REDIS_TIMEOUT_MS", 300)
+            .start()
+    };
+    let (holder, other) = (start("app1").await, start("app2").await);
+    let majority = [&nodes[0], &nodes[1]];
+    for strategy in renewing(true) {
+        holder.reset(5).await;
+        let began = Instant::now();
+        // Work past the lease: only renewals keep the lock.
+        let long = format!("strategy={strategy}&work_ms={}", TTL_MS * 14 / 10);
+        let held = holder.sale(&long);
+        let fault = async {
+            // After the first renewal (a third of the lease in), before the second.
+            sleep_until(began + ms(TTL_MS * 4 / 10)).await;
+            signal(&majority, Signal::SIGSTOP);
+            // The lease the first renewal gave has run out on the frozen nodes.
+            sleep_until(began + ms(TTL_MS * 135 / 100)).await;
+            signal(&majority, Signal::SIGCONT);
+            tokio::time::sleep(ms(10)).await;
+            other.sale(&format!("strategy={strategy}")).await
+        };
+        let (held, taken) = tokio::join!(held, fault);
+        assert_eq!(
+            taken.status, 200,
+            "{strategy}: the lock never changed hands, nothing was tested: {taken:?}"
+        );
+        assert_ne!(
+            held.status, 200,
+            "{strategy}: the holder wrote after its lease ran out: {held:?}, and {taken:?}"
+        );
+        assert_sales(&holder, 1, &strategy.to_string()).await;
+    }
+}
