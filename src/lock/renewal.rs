@@ -1,15 +1,15 @@
 //! The watchdog: renews a held lock every third of its lease until released or lost.
 //!
-//! The hold is lost once a renewal finds the lock gone, and, once a renewal has been sent
-//! and not confirmed, when its lease runs out: the lease surely lasts from the *sending* of
-//! the last call that set it (the acquisition, a renewal, the extension of a lock handed
-//! over), plus the lease, less the clock drift. The sale checks that at its write. Before,
-//! time counted only once a renewal had failed, so a holder whose renewal was still waiting
-//! for its answer when the lease ended (`REDIS_TIMEOUT_MS` longer than two thirds of the
-//! lease) wrote after another owner had taken the lock. A renewal that fails is tried again
-//! soon, within what is left of the lease, rather than a third of a lease later: a pause of
-//! Redis shorter than the lease costs nothing. Dropping the [`Renewal`] stops the task, so a
-//! sale that ends without releasing cannot keep its lock alive forever.
+//! The hold is lost once a renewal finds the lock gone, and, once a renewal sent within the lease
+//! has not been confirmed, when its lease runs out: the lease surely lasts from the *sending* of
+//! the last call that set it (the acquisition, a renewal, the extension of a lock handed over),
+//! plus the lease, less the clock drift. The sale checks that at its write. Before, time counted
+//! only once a renewal had failed, so a holder whose renewal was still waiting for its answer when
+//! the lease ended (`REDIS_TIMEOUT_MS` longer than two thirds of the lease) wrote after another
+//! owner had taken the lock. A renewal that fails is tried again soon, within what is left of the
+//! lease, rather than a third of a lease later: a pause of Redis shorter than the lease costs
+//! nothing. Dropping the [`Renewal`] stops the task, so a sale that ends without releasing cannot
+//! keep its lock alive forever.
 //!
 //! What time does not catch: a holder whose whole process was paused sent no renewal and saw
 //! nothing fail, so it wakes believing its lease good (the watchdog's flaw, which the pause

@@ -11,6 +11,8 @@ use nix::unistd::Pid;
 use testkit::fixture::{Instance, InstanceBuilder, RedisServer};
 use tokio::time::{Instant, sleep_until};
 
+use crate::quorum::{lock_nodes, with_three_nodes};
+
 const TTL_MS: u64 = 1000;
 
 fn renewing(quorum: bool) -> impl Iterator<Item = Strategy> {
@@ -112,18 +114,7 @@ async fn a_holder_whose_renewal_is_still_unanswered_never_writes_past_its_lease(
 /// gave its lock up without trying.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pause_of_the_locks_redis_shorter_than_the_lease_costs_a_holder_nothing() {
-    let redis = RedisServer::start().await;
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(RedisServer::start().await);
-    }
-    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
-    let app = InstanceBuilder::new(&redis, "app1")
-        .env("LOCK_NODES", list.join(","))
-        .env("LOCK_TTL_MS", TTL_MS)
-        .env("REDIS_TIMEOUT_MS", 300)
-        .start()
-        .await;
+    let (redis, nodes, app) = with_three_nodes(|b| b.env("LOCK_TTL_MS", TTL_MS)).await;
     for strategy in renewing(false).chain(renewing(true)) {
         let frozen: Vec<&RedisServer> = if strategy.info().quorum {
             nodes.iter().collect()
@@ -179,20 +170,13 @@ async fn renewing_holders_in_line_longer_than_the_lease_all_sell() {
 /// holder's work goes on; before, the holder wrote too, over that sale.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_quorum_holder_whose_renewals_go_unanswered_never_writes_past_its_lease() {
-    let redis = RedisServer::start().await;
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(RedisServer::start().await);
-    }
-    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
-    let start = |name: &str| {
-        InstanceBuilder::new(&redis, name)
-            .env("LOCK_NODES", list.join(","))
-            .env("LOCK_TTL_MS", TTL_MS)
-            .env("REDIS_TIMEOUT_MS", 300)
-            .start()
-    };
-    let (holder, other) = (start("app1").await, start("app2").await);
+    let (redis, nodes, holder) = with_three_nodes(|b| b.env("LOCK_TTL_MS", TTL_MS)).await;
+    let other = InstanceBuilder::new(&redis, "app2")
+        .env("LOCK_NODES", lock_nodes(&nodes))
+        .env("LOCK_TTL_MS", TTL_MS)
+        .env("REDIS_TIMEOUT_MS", 300)
+        .start()
+        .await;
     let majority = [&nodes[0], &nodes[1]];
     for strategy in renewing(true) {
         holder.reset(5).await;

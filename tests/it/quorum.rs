@@ -11,8 +11,14 @@ use testkit::fixture::{Instance, InstanceBuilder, RedisServer};
 
 const QUORUM_STRATEGIES: [&str; 2] = ["redlock", "redlock-fenced"];
 
+/// The `LOCK_NODES` setting naming `nodes`.
+pub(crate) fn lock_nodes(nodes: &[RedisServer]) -> String {
+    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    list.join(",")
+}
+
 /// Three lock nodes, each its own process, and one instance using them.
-async fn with_three_nodes(
+pub(crate) async fn with_three_nodes(
     configure: impl Fn(InstanceBuilder) -> InstanceBuilder,
 ) -> (RedisServer, Vec<RedisServer>, Instance) {
     let redis = RedisServer::start().await;
@@ -20,10 +26,9 @@ async fn with_three_nodes(
     for _ in 0..3 {
         nodes.push(RedisServer::start().await);
     }
-    let list: Vec<String> = nodes.iter().map(RedisServer::url).collect();
     let app = configure(
         InstanceBuilder::new(&redis, "app1")
-            .env("LOCK_NODES", list.join(","))
+            .env("LOCK_NODES", lock_nodes(&nodes))
             .env("REDIS_TIMEOUT_MS", 300),
     )
     .start()
