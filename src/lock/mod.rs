@@ -137,6 +137,18 @@ impl Grant {
         self.leased_from + lease.saturating_sub(redlock::drift(ttl))
     }
 
+    /// The lease before any renewal: until when it surely lasts, and when the call that set
+    /// it was sent, from which the first renewal is due. A lock handed over gets the whole
+    /// lease from its extension, sent now, and the renewal counts from that.
+    fn lease(&self, ttl: Duration) -> (Instant, Instant) {
+        let set_at = if self.handed {
+            Instant::now()
+        } else {
+            self.leased_from
+        };
+        (self.good_until(ttl), set_at)
+    }
+
     /// The tokens drawn with this grant beyond its own, `next..=last`, if any.
     fn spare_fences(&self) -> Option<(u64, u64)> {
         let (fence, last) = (self.fence?, self.fence_to?);
@@ -524,8 +536,8 @@ impl Locks {
                     Acquired::Passed(never) => match never {},
                 };
                 let renewal = (lock.info().renews && !nested).then(|| {
-                    let good_until = grant.good_until(self.cx.ttl);
-                    Renewal::start(self.cx.clone(), lock, owner.clone(), good_until)
+                    let (good_until, set_at) = grant.lease(self.cx.ttl);
+                    Renewal::start(self.cx.clone(), lock, owner.clone(), good_until, set_at)
                 });
                 handed = self.handed_lease(lock, owner, &grant, renewal.as_ref());
                 (grant.fence, Hold::Redis(lock, renewal))
@@ -795,8 +807,8 @@ impl Locks {
                 self.hand_back(tenure);
             }
             let renewal = lock.info().renews.then(|| {
-                let good_until = grant.good_until(self.cx.ttl);
-                Renewal::start(self.cx.clone(), lock, owner.clone(), good_until)
+                let (good_until, set_at) = grant.lease(self.cx.ttl);
+                Renewal::start(self.cx.clone(), lock, owner.clone(), good_until, set_at)
             });
             let handed = self.handed_lease(lock, owner, &grant, renewal.as_ref());
             let acquired = Instant::now();

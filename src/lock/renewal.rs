@@ -8,8 +8,12 @@
 //! the lease ended (`REDIS_TIMEOUT_MS` longer than two thirds of the lease) wrote after another
 //! owner had taken the lock. A renewal that fails is tried again soon, within what is left of the
 //! lease, rather than a third of a lease later: a pause of Redis shorter than the lease costs
-//! nothing. Dropping the [`Renewal`] stops the task, so a sale that ends without releasing cannot
-//! keep its lock alive forever.
+//! nothing. The next renewal is due a third of a lease after the *sending* of the call that last
+//! set the lease, not after its answer: Redis may have run a renewal long before its answer came
+//! back, and a tick counted from a late answer fell after the lease's end, with nothing counting
+//! time in between. An answer later than the next renewal's due time leaves time counting, and
+//! the next renewal goes at once. Dropping the [`Renewal`] stops the task, so a sale that ends
+//! without releasing cannot keep its lock alive forever.
 //!
 //! What time does not catch: a holder whose whole process was paused sent no renewal and saw
 //! nothing fail, so it wakes believing its lease good (the watchdog's flaw, which the pause
@@ -21,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep_until};
 
 use super::{LockCx, RedisLock};
 
@@ -30,6 +34,9 @@ pub struct Lease {
     base: Instant,
     /// Nanoseconds after `base` (negative: before) until which the lease surely lasts.
     good_until: AtomicI64,
+    /// Nanoseconds after `base` when the last call that set the lease was sent: the next
+    /// renewal is due a third of a lease after it.
+    set_at: AtomicI64,
     /// The lease every successful call gives, from its sending time: the lock's TTL less the
     /// drift of the clocks.
     length: Duration,
@@ -39,12 +46,14 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// `good_until`: the end of the lease the acquisition surely gave.
-    fn new(ttl: Duration, good_until: Instant) -> Self {
+    /// `good_until`: the end of the lease the acquisition surely gave; `set_at`: when the
+    /// call that set it was sent.
+    fn new(ttl: Duration, good_until: Instant, set_at: Instant) -> Self {
         let base = Instant::now();
         Self {
             base,
             good_until: AtomicI64::new(offset(base, good_until)),
+            set_at: AtomicI64::new(offset(base, set_at)),
             length: ttl.saturating_sub(super::redlock::drift(ttl)),
             unconfirmed: AtomicBool::new(false),
             lost: AtomicBool::new(false),
@@ -56,6 +65,21 @@ impl Lease {
     pub(super) fn extended(&self, sent: Instant) {
         let until = offset(self.base, sent + self.length);
         self.good_until.fetch_max(until, Ordering::AcqRel);
+        self.set_at
+            .fetch_max(offset(self.base, sent), Ordering::AcqRel);
+    }
+
+    /// When the next renewal is due: `interval` after the sending of the last call that set
+    /// the lease, not after its answer, which may have come late.
+    fn renewal_due(&self, interval: Duration) -> Instant {
+        let set_at = self.set_at.load(Ordering::Acquire);
+        let magnitude = Duration::from_nanos(set_at.unsigned_abs());
+        let set_at = if set_at < 0 {
+            self.base.checked_sub(magnitude).unwrap_or(self.base)
+        } else {
+            self.base + magnitude
+        };
+        set_at + interval
     }
 
     /// How long the lease surely lasts from now.
@@ -92,9 +116,16 @@ pub struct Renewal {
 
 impl Renewal {
     /// `good_until`: the end of the lease the acquisition surely gave (see
-    /// [`super::Grant::lease_floor`]).
-    pub fn start(cx: LockCx, lock: RedisLock, owner: Arc<str>, good_until: Instant) -> Self {
-        let lease = Arc::new(Lease::new(cx.ttl, good_until));
+    /// [`super::Grant::good_until`]); `set_at`: when the call that set it was sent (for a lock
+    /// handed over, now: its extension is about to be).
+    pub fn start(
+        cx: LockCx,
+        lock: RedisLock,
+        owner: Arc<str>,
+        good_until: Instant,
+        set_at: Instant,
+    ) -> Self {
+        let lease = Arc::new(Lease::new(cx.ttl, good_until, set_at));
         let (stop_tx, stop) = oneshot::channel();
         tokio::spawn(renew_until_stopped(cx, lock, owner, lease.clone(), stop));
         Self {
@@ -130,15 +161,19 @@ async fn renew_until_stopped(
         lease.lose();
     };
     loop {
-        let pause = if failed {
-            retry.min(lease.left())
+        let due = if failed {
+            Instant::now() + retry.min(lease.left())
         } else {
-            interval
+            lease.renewal_due(interval)
         };
         tokio::select! {
             // Fires on release and on drop alike.
             _ = &mut stop => return,
-            () = sleep(pause) => {}
+            () = sleep_until(due) => {}
+        }
+        // Set afresh meanwhile (the extension of a lock handed over): not due yet.
+        if !failed && lease.renewal_due(interval) > Instant::now() {
+            continue;
         }
         if lease.is_lost() || (failed && lease.left().is_zero()) {
             return lost("could not renew within its lease", None);
@@ -171,7 +206,11 @@ async fn renew_until_stopped(
             Ok(true) => {
                 failed = false;
                 lease.extended(sent);
-                lease.unconfirmed.store(false, Ordering::Release);
+                // An answer later than the next renewal's due time leaves time counting: the
+                // next goes at once, and the lease this one gave may end before its answer.
+                if Instant::now() < lease.renewal_due(interval) {
+                    lease.unconfirmed.store(false, Ordering::Release);
+                }
                 cx.store.metrics().renewal();
                 tracing::debug!(event = crate::events::Event::LockRenewed.name(), %owner, "lock renewed");
             }

@@ -206,3 +206,74 @@ async fn a_quorum_holder_whose_renewals_go_unanswered_never_writes_past_its_leas
         assert_sales(&holder, 1, &strategy.to_string()).await;
     }
 }
+
+/// Redis runs a renewal at once, but its answer comes back late (a slow return path), later
+/// than the next renewal was due: the lock then expires in Redis a lease after the renewal
+/// ran, while the holder, its renewal answered, believes itself held. The next renewal used to
+/// be scheduled a third of a lease after the *answer*, past the lease's end, with nothing
+/// counting time meanwhile: the other instance took the expired lock and sold, and the
+/// holder sold too. Now the next renewal is due a third of a lease after the *sending* of the
+/// last, and goes at once when that is past, with time still counting.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_whose_renewal_is_answered_late_never_writes_past_its_lease() {
+    let redis = RedisServer::start().await;
+    let proxy = testkit::DelayProxy::transparent(format!("127.0.0.1:{}", redis.port()))
+        .await
+        .unwrap();
+    let through = proxy.redis_url();
+    let holder = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_URL", &through)
+        .env(
+            "LOCK_NODES",
+            (1..=3)
+                .map(|db| format!("{through}/{db}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+        .env("LOCK_TTL_MS", TTL_MS)
+        .env("REDIS_TIMEOUT_MS", TTL_MS * 3)
+        .start()
+        .await;
+    let other = InstanceBuilder::new(&redis, "app2")
+        .env("LOCK_TTL_MS", TTL_MS)
+        .start()
+        .await;
+    let late = ms(TTL_MS * 9 / 10);
+    for strategy in renewing(false).chain(renewing(true)) {
+        // Every script a renewal runs loaded beforehand, so that each renewal below is one
+        // round trip.
+        holder.reset(5).await;
+        let warm = format!("strategy={strategy}&work_ms={}", TTL_MS / 2);
+        assert_eq!(
+            holder.sale(&warm).await.status,
+            200,
+            "{strategy}: warming up"
+        );
+        holder.reset(5).await;
+        let began = Instant::now();
+        // Past the lease the first renewal (a third of a lease in) gives, short of the tick
+        // a third of a lease after its late answer.
+        let work = format!("strategy={strategy}&work_ms={}", TTL_MS * 145 / 100);
+        let held = holder.sale(&work);
+        let fault = async {
+            sleep_until(began + ms(TTL_MS * 15 / 100)).await;
+            proxy.delay_answers(late);
+            // After the lease the first renewal gave, when its late answer is in.
+            sleep_until(began + ms(TTL_MS * 136 / 100)).await;
+            let taken = other.sale(&format!("strategy={strategy}")).await;
+            proxy.delay_answers(Duration::ZERO);
+            taken
+        };
+        let (held, taken) = tokio::join!(held, fault);
+        assert_eq!(
+            taken.status, 200,
+            "{strategy}: the other instance never got the lock: {taken:?}"
+        );
+        assert_ne!(
+            held.status, 200,
+            "{strategy}: the holder wrote past its lease: {held:?}"
+        );
+        tokio::time::sleep(late).await;
+        assert_sales(&holder, 1, strategy.name()).await;
+    }
+}
