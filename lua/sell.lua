@@ -32,7 +32,9 @@
 -- ARGV[1]: mode, 'locked', 'optimistic' or 'atomic'
 -- ARGV[2]: the ledger entry's JSON without its closing brace and without the figures only
 --          this script knows: '{"order_id":..,"instance":..,"strategy":..' (the caller
---          escapes the strings; here only numbers are appended, so no cjson per sale)
+--          escapes the strings; here only numbers are appended, so no cjson per sale).
+--          'atomic' without a claim: one such head per sale, a line each (JSON text holds
+--          no raw newline), for sales sent together: sold in that order while stock lasts
 -- ARGV[3]: the ledger's cap ('~': Redis trims whole nodes of the stream, so a little more
 --          is kept; trimming one entry per sale cost more than the rest of the write)
 -- ARGV[4]: the idempotency claim this sale holds ('pending:<order id>'), '' or absent
@@ -49,7 +51,9 @@
 --          holder of the same kind of lock without one (`watchdog`, `lua-release` ... beside
 --          `fenced`) that took the lock while this caller was paused leaves the token
 --          current; its write moved this count
--- returns: {1, stock left} when sold; {0, newest token} for a stale fencing token;
+-- returns: {1, stock left} when sold (several atomic sales: the first one's; the i-th
+--          sale, from 0, was sold with stock left - i if that is not negative, and found
+--          nothing left otherwise); {0, newest token} for a stale fencing token;
 --          {2, 0} when the idempotency claim expired or was taken; {3, 0} when a lock-free
 --          writer, or one under the other kind of lock, wrote since the read; {4, 0} when
 --          the stock key is missing (never stocked, or Redis lost its data); {5, 0} when
@@ -85,46 +89,70 @@ if fence then
     return {6, 0}
   end
 end
-local remaining, text
+-- What every sale writes beside the stock: its ledger entry and the audit's bit for the
+-- remaining value it sold. Returns the entry.
+local initial
+local function record(head, remaining, text)
+  local entry
+  if fence then
+    entry = head .. ',"remaining":' .. text .. ',"fence":' .. ARGV[7] .. '}'
+  else
+    entry = head .. ',"remaining":' .. text .. '}'
+  end
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'sale', entry)
+  -- One bit per remaining value: a value sold twice is the tutorial's "76 sold twice".
+  -- Only values sold more than once go into the hash, so the audit reads O(duplicates).
+  initial = initial or tonumber(redis.call('GET', KEYS[7]) or '0')
+  local bit = initial - 1 - remaining
+  if bit < 0 or remaining < 0
+      or redis.call('SETBIT', KEYS[4], string.format('%d', bit), '1') == 1 then
+    if redis.call('HEXISTS', KEYS[5], text) == 1 then
+      redis.call('HINCRBY', KEYS[5], text, '1')
+    else
+      redis.call('HSET', KEYS[5], text, '2')
+    end
+  end
+  return entry
+end
+
+if ARGV[1] == 'atomic' then
+  local stock = tonumber(current)
+  if stock <= 0 then
+    return {5, 0}
+  end
+  local heads = {}
+  for head in string.gmatch(ARGV[2], '[^\n]+') do
+    heads[#heads + 1] = head
+  end
+  local sold = math.min(#heads, stock)
+  redis.call('DECRBY', KEYS[1], string.format('%d', sold))
+  redis.call('INCRBY', KEYS[6], string.format('%d', sold))
+  redis.call('INCRBY', KEYS[3], string.format('%d', sold))
+  local entry
+  for i = 1, sold do
+    local remaining = stock - i
+    entry = record(heads[i], remaining, string.format('%d', remaining))
+  end
+  if claim ~= '' then
+    redis.call('SET', KEYS[8], 'sold:' .. entry, 'PX', ARGV[5])
+  end
+  return {1, stock - 1}
+end
+
 if locked then
   redis.call('INCR', KEYS[11])
   if fence then
     local next_fence = tonumber(ARGV[10] or '')
     redis.call('SET', KEYS[9], (next_fence and next_fence > fence) and ARGV[10] or ARGV[7])
   end
-  remaining, text = tonumber(ARGV[6]), ARGV[6]
-  redis.call('SET', KEYS[1], text)
-elseif ARGV[1] == 'optimistic' then
-  remaining, text = tonumber(ARGV[6]), ARGV[6]
-  redis.call('SET', KEYS[1], text)
-  redis.call('INCR', KEYS[6])
 else
-  if tonumber(current) <= 0 then
-    return {5, 0}
-  end
-  remaining = redis.call('DECR', KEYS[1])
-  text = string.format('%d', remaining)
+  -- optimistic
   redis.call('INCR', KEYS[6])
 end
-local entry
-if fence then
-  entry = ARGV[2] .. ',"remaining":' .. text .. ',"fence":' .. ARGV[7] .. '}'
-else
-  entry = ARGV[2] .. ',"remaining":' .. text .. '}'
-end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'sale', entry)
+local remaining = tonumber(ARGV[6])
+redis.call('SET', KEYS[1], ARGV[6])
 redis.call('INCR', KEYS[3])
--- One bit per remaining value: a value sold twice is the tutorial's "76 sold twice".
--- Only values sold more than once go into the hash, so the audit reads O(duplicates).
-local bit = tonumber(redis.call('GET', KEYS[7]) or '0') - 1 - remaining
-if bit < 0 or remaining < 0
-    or redis.call('SETBIT', KEYS[4], string.format('%d', bit), '1') == 1 then
-  if redis.call('HEXISTS', KEYS[5], text) == 1 then
-    redis.call('HINCRBY', KEYS[5], text, '1')
-  else
-    redis.call('HSET', KEYS[5], text, '2')
-  end
-end
+local entry = record(ARGV[2], remaining, ARGV[6])
 if claim ~= '' then
   redis.call('SET', KEYS[8], 'sold:' .. entry, 'PX', ARGV[5])
 end

@@ -8,7 +8,8 @@ use redis::RedisResult;
 
 use crate::store::{Entry, Recorded, Store};
 
-/// The whole sale in one round trip.
+/// The whole sale in one round trip, shared with the item's other atomic sales that reach
+/// the instance at the same time (one script call sells them all, `store/batch.rs`).
 pub async fn sell(store: &Store, entry: &Entry<'_>) -> RedisResult<Recorded> {
     store.atomic_sale(entry).await
 }

@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 use crate::idempotency::{self, Claim, Next};
 use crate::metrics::Metrics;
 
+mod batch;
 mod cluster;
 pub mod scripts;
 mod sentinel;
@@ -502,6 +503,12 @@ pub struct Store {
     /// Calls that failed for want of Redis in any way (unanswered, refused, dropped), shared
     /// like `outages` (see [`Store::failures`]).
     failures: Arc<AtomicU64>,
+    /// The item's atomic sales waiting to be sent together (`store/batch.rs`); each item has
+    /// its own, since a call sells one item.
+    batch: Arc<batch::Batch>,
+    /// Whether atomic sales are sent in batches: only under the single-threaded scheduler
+    /// (`store/batch.rs` says why).
+    batches: bool,
 }
 
 /// Ledger entries kept unless configured otherwise: enough to read the story of a load
@@ -616,6 +623,19 @@ pub enum Recorded {
 }
 
 impl Recorded {
+    /// What the `i`-th (from 0) of several atomic sales sent in one call got, from the call's
+    /// answer: the first was sold with `stock` left, the next with one less, as long as that
+    /// is not negative.
+    pub fn nth(self, i: usize) -> Self {
+        match self {
+            Recorded::Written(first) => match first.checked_sub(i as i64) {
+                Some(remaining) if remaining >= 0 => Recorded::Written(remaining),
+                _ => Recorded::SoldOut,
+            },
+            other => other,
+        }
+    }
+
     /// Reads the `{code, value}` reply of `sell.lua`.
     pub fn from_reply(code: i64, value: i64) -> Self {
         match code {
@@ -735,6 +755,10 @@ impl Store {
             acked: None,
             outages: Arc::default(),
             failures: Arc::default(),
+            batch: Arc::default(),
+            batches: tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
+                runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+            }),
         }
     }
 
@@ -965,6 +989,7 @@ impl Store {
         let mut store = self.clone();
         store.item = item.to_owned();
         store.keys = Keys::new(item).sharded(self.cluster.is_some());
+        store.batch = Arc::default();
         store
     }
 
@@ -1218,13 +1243,38 @@ impl Store {
         )
     }
 
-    /// The lock-free sale: one script, one round trip.
+    /// The lock-free sale: one script, one round trip, shared with the item's other atomic
+    /// sales that came at the same time (`store/batch.rs`). A sale with an idempotency claim,
+    /// or one that waits for replicas, has a call of its own: its claim and its replicas'
+    /// answer are its alone.
     pub async fn atomic_sale(&self, entry: &Entry<'_>) -> RedisResult<Recorded> {
-        self.sell(entry, scripts::SellMode::Atomic).await
+        if !self.batches || entry.claim.is_some() || self.replication.acks > 0 {
+            return self.sell(entry, scripts::SellMode::Atomic).await;
+        }
+        let (send, answered) = self.batch.join(entry.head());
+        if send {
+            tokio::spawn(self.clone().send_batch());
+        }
+        answered.await.unwrap_or_else(|_| Err(batch::unanswered()))
+    }
+
+    /// Sends the atomic sales that joined the batch since it was started, and answers each.
+    async fn send_batch(self) {
+        let calls = self.batch.take().into_iter().map(|call| async {
+            let invocation = scripts::sell_atomic(&self.keys, batch::heads(&call), self.ledger_cap);
+            let outcome = self.sell_with(&invocation).await;
+            batch::answer(call, outcome);
+        });
+        futures_util::future::join_all(calls).await;
     }
 
     async fn sell(&self, entry: &Entry<'_>, mode: scripts::SellMode) -> RedisResult<Recorded> {
-        let invocation = &scripts::sell(&self.keys, entry, self.ledger_cap, mode);
+        self.sell_with(&scripts::sell(&self.keys, entry, self.ledger_cap, mode))
+            .await
+    }
+
+    /// Runs `sell.lua` as `invocation` says, and reads its answer.
+    async fn sell_with(&self, invocation: &ScriptInvocation<'static>) -> RedisResult<Recorded> {
         let acked = self.acked();
         let store = acked.as_ref().map_or(self, |(store, _)| store);
         let (code, value): (i64, i64) = store

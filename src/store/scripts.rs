@@ -218,20 +218,12 @@ pub fn sell(
     ledger_cap: u64,
     mode: SellMode,
 ) -> ScriptInvocation<'static> {
-    let mut i = SELL.key(&keys.stock);
-    i.key(&keys.ledger)
-        .key(&keys.sales)
-        .key(&keys.sold)
-        .key(&keys.duplicates)
-        .key(&keys.lockfree_writes)
-        .key(&keys.initial)
-        .arg(match mode {
-            SellMode::Atomic => "atomic",
-            SellMode::Optimistic { .. } => "optimistic",
-            SellMode::Locked { .. } => "locked",
-        })
-        .arg(entry.head())
-        .arg(ledger_cap);
+    let mode_name = match mode {
+        SellMode::Atomic => "atomic",
+        SellMode::Optimistic { .. } => "optimistic",
+        SellMode::Locked { .. } => "locked",
+    };
+    let mut i = sell_keys(keys, mode_name, entry.head(), ledger_cap);
     // KEYS[8] and ARGV[4..=5] are the claim's; a mode that reads keys or arguments after
     // them (the locked mode's keys, the locked and optimistic modes' arguments) sends them
     // empty when there is no claim.
@@ -268,6 +260,28 @@ pub fn sell(
                 );
         }
     }
+    i
+}
+
+/// Several `atomic` sales without a claim in one call: `heads` holds each sale's ledger
+/// head ([`Entry::head`]), a line each, in the order they are to be sold. `{1, stock left
+/// after the first}` or `{5, 0}`, `{4, 0}` for all of them (see [`super::Recorded::nth`]).
+pub fn sell_atomic(keys: &Keys, heads: String, ledger_cap: u64) -> ScriptInvocation<'static> {
+    sell_keys(keys, "atomic", heads, ledger_cap)
+}
+
+/// The keys and first arguments every mode of `sell.lua` reads.
+fn sell_keys(keys: &Keys, mode: &str, head: String, ledger_cap: u64) -> ScriptInvocation<'static> {
+    let mut i = SELL.key(&keys.stock);
+    i.key(&keys.ledger)
+        .key(&keys.sales)
+        .key(&keys.sold)
+        .key(&keys.duplicates)
+        .key(&keys.lockfree_writes)
+        .key(&keys.initial)
+        .arg(mode)
+        .arg(head)
+        .arg(ledger_cap);
     i
 }
 

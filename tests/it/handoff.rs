@@ -16,6 +16,8 @@ use tokio::time::Instant;
 
 use testkit::fixture::RedisServer;
 
+use crate::harness::scripts_run;
+
 const TTL_MS: u64 = 30_000;
 
 /// One attempt of `owner` at the string lock: `phase` as in lock_queued.lua.
@@ -635,21 +637,6 @@ async fn sales_of_one_instance_holding_past_their_tenure_take_turns() {
         longest < Duration::from_millis(1500),
         "a sale waited {longest:?}"
     );
-}
-
-/// Scripts Redis has run so far (`EVALSHA` calls, from `INFO commandstats`).
-async fn scripts_run(c: &mut MultiplexedConnection) -> u64 {
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(c)
-        .await
-        .unwrap();
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(0)
 }
 
 /// `a` takes the lock as "a:1", `b` queues for it in Redis as "b:1", and `a` lets go: the

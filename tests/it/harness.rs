@@ -6,10 +6,27 @@
 
 use std::path::{Path, PathBuf};
 
+use redis::aio::MultiplexedConnection;
+
 pub fn free_port() -> u16 {
     testkit::free_port().expect("no free port on 127.0.0.1")
 }
 
 pub fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+/// Scripts Redis has run so far (`EVALSHA` calls, from `INFO commandstats`).
+pub async fn scripts_run(c: &mut MultiplexedConnection) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
 }

@@ -383,6 +383,97 @@ async fn the_atomic_sale_stops_at_zero() {
     assert_eq!(store.audit().await.unwrap().unwrap().sales, 2);
 }
 
+/// Several atomic sales in one call (`store/batch.rs`): sold in order while stock lasts,
+/// each with its own ledger entry and audit bit, so a value a stale locked writer had
+/// already sold is still counted twice.
+#[tokio::test]
+async fn one_atomic_call_sells_its_sales_in_order_while_stock_lasts_and_audits_each() {
+    use Recorded::*;
+    let (redis, mut c, k) = setup().await;
+    let store = store(&redis);
+    store.reset(5).await.unwrap();
+    // Two holders of an unsafe lock read 5; one writes 4, a third sale 3, and the stale
+    // one writes 4 again: the stock is back up to 4, and 4 was sold twice.
+    let (_, stale) = read(&store, None).await;
+    let (_, seen) = read(&store, None).await;
+    assert_eq!(
+        store
+            .record_sale(4, &entry(None), None, seen)
+            .await
+            .unwrap(),
+        Written(4)
+    );
+    let (_, seen) = read(&store, None).await;
+    assert_eq!(
+        store
+            .record_sale(3, &entry(None), None, seen)
+            .await
+            .unwrap(),
+        Written(3)
+    );
+    assert_eq!(
+        store
+            .record_sale(4, &entry(None), None, stale)
+            .await
+            .unwrap(),
+        Written(4)
+    );
+
+    let heads: Vec<String> = (1..=6)
+        .map(|i| format!(r#"{{"order_id":"b-{i}","instance":"app1","strategy":"atomic""#))
+        .collect();
+    let reply: (i64, i64) = scripts::sell_atomic(&k, heads.join("\n"), 100)
+        .invoke_async(&mut c)
+        .await
+        .unwrap();
+    let first = Recorded::from_reply(reply.0, reply.1);
+    let each: Vec<Recorded> = (0..6).map(|i| first.nth(i)).collect();
+    assert_eq!(
+        each,
+        [
+            Written(3),
+            Written(2),
+            Written(1),
+            Written(0),
+            SoldOut,
+            SoldOut
+        ]
+    );
+
+    let ledger: Vec<serde_json::Value> = store
+        .ledger()
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let batch: Vec<(&str, i64)> = ledger[3..]
+        .iter()
+        .map(|e| {
+            (
+                e["order_id"].as_str().unwrap(),
+                e["remaining"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(batch, [("b-1", 3), ("b-2", 2), ("b-3", 1), ("b-4", 0)]);
+    let audit = store.audit().await.unwrap().unwrap();
+    assert_eq!((audit.sales, audit.remaining, audit.oversold), (7, 0, 2));
+    let mut twice: Vec<(i64, i64)> = audit
+        .duplicates
+        .iter()
+        .map(|d| (d.remaining, d.times))
+        .collect();
+    twice.sort_unstable();
+    assert_eq!(twice, [(3, 2), (4, 2)]);
+    // Nothing left: the next call sells none of its sales.
+    let again: (i64, i64) = scripts::sell_atomic(&k, heads[..2].join("\n"), 100)
+        .invoke_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(Recorded::from_reply(again.0, again.1), SoldOut);
+}
+
 #[tokio::test]
 async fn no_write_creates_a_stock_that_is_not_there() {
     let (redis, mut c, k) = setup().await;

@@ -3,8 +3,11 @@
 
 use std::time::Duration;
 
+use inventory::store::Keys;
 use serde_json::Value;
-use testkit::fixture::{Cluster, Reply};
+use testkit::fixture::{Cluster, Reply, ledger};
+
+use crate::harness::scripts_run;
 
 const STOCK: i64 = 5;
 const REQUESTS: usize = 24;
@@ -100,6 +103,71 @@ sells_exactly_the_stock! {
     watchdog_sells_exactly_the_stock_across_two_instances => "watchdog",
     fenced_sells_exactly_the_stock_across_two_instances => "fenced",
     atomic_sells_exactly_the_stock_across_two_instances => "atomic",
+}
+
+/// `atomic` sales that reach an instance together are sold by one script call (a batch),
+/// and each still sells its own unit: its own remaining value, its own ledger entry, and a
+/// refusal for those the stock no longer covers.
+#[tokio::test(flavor = "multi_thread")]
+async fn atomic_sales_arriving_together_share_one_script_call_and_each_sells_its_own_unit() {
+    const BUYERS: usize = 20;
+    // app1 runs on one worker thread, the scheduler under which sales are batched.
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(12).await;
+    // One sale first: the script is loaded, and the item is known to be stocked.
+    assert_eq!(app.sale("strategy=atomic").await.status, 200);
+    let mut redis = cluster.redis.conn().await;
+    let before = scripts_run(&mut redis).await;
+    // Frozen, the instance leaves every connection and request to the kernel; thawed, it
+    // reads them all in one turn of its scheduler.
+    app.signal("STOP").await;
+    let sales = futures_util::future::join_all((0..BUYERS).map(|_| app.sale("strategy=atomic")));
+    let thaw = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        app.signal("CONT").await;
+    };
+    let (replies, ()) = tokio::join!(sales, thaw);
+    let calls = scripts_run(&mut redis).await - before;
+
+    let mut remaining: Vec<i64> = replies
+        .iter()
+        .filter(|r| r.status == 200)
+        .map(|r| r.body["remaining"].as_i64().unwrap())
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..11).collect::<Vec<_>>(), "{replies:?}");
+    assert_eq!(
+        count(&replies, 409, Some("sold_out")),
+        BUYERS - 11,
+        "{replies:?}"
+    );
+    assert!(
+        calls <= 2,
+        "{BUYERS} sales that came together took {calls} script calls"
+    );
+    let audit = app.audit().await;
+    assert_eq!(
+        (audit["sales"].as_i64(), audit["remaining"].as_i64()),
+        (Some(12), Some(0)),
+        "{audit}"
+    );
+    assert_eq!(audit["clean"], true, "{audit}");
+    let entries = ledger(&mut redis, &Keys::new("001").ledger).await;
+    let sold: std::collections::BTreeSet<&str> = replies
+        .iter()
+        .filter(|r| r.status == 200)
+        .map(|r| r.body["order_id"].as_str().unwrap())
+        .collect();
+    let written: std::collections::BTreeSet<&str> = entries
+        .iter()
+        .map(|e| e["order_id"].as_str().unwrap())
+        .collect();
+    assert!(
+        sold.is_subset(&written),
+        "every sale answered 200 has its ledger entry"
+    );
+    assert_eq!(written.len(), 12, "one entry per sale: {entries:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
