@@ -16,24 +16,36 @@
 -- KEYS[6]: the newest fencing token seen under the other kind of lock. Both kinds draw from
 --          one counter; a reader whose token is older than one the other kind already
 --          registered would write after it, and the tokens in the ledger would go backwards
+-- KEYS[7]: the count of reads made under this kind of lock without a token. A reader
+--          without a token counts itself here: it moves no token either, and a fenced
+--          holder whose lease ran out while its write was on its way would otherwise land
+--          that write between this read and this reader's own write (which then writes
+--          over it: one unit sold twice). A fenced reader reads the count, and its write
+--          checks it
 -- ARGV[1]: the reader's fencing token, or '' when the strategy has none
--- returns: {1, stock, lock-free writes, other-lock writes, this-lock writes} when the token
---          is current or absent (stock is -1 when the key is missing); {0, newest, 0, 0, 0}
---          when a newer token has been seen: the reader no longer holds the lock;
---          {2, 0, 0, 0, 0} when the other kind of lock has seen a newer token (nothing is
---          registered: the reader's lock is still its own, but it must not write)
+-- returns: {1, stock, lock-free writes, other-lock writes, this-lock writes, token-less
+--          reads} when the token is current or absent (stock is -1 when the key is missing);
+--          {0, newest, 0, 0, 0, 0} when a newer token has been seen: the reader no longer
+--          holds the lock; {2, 0, 0, 0, 0, 0} when the other kind of lock has seen a newer
+--          token (nothing is registered: the reader's lock is still its own, but it must
+--          not write)
 local token = tonumber(ARGV[1])
+local unfenced_reads
 if token then
   local newest = tonumber(redis.call('GET', KEYS[2]) or '0')
   if token < newest then
-    return {0, newest, 0, 0, 0}
+    return {0, newest, 0, 0, 0, 0}
   end
   if token < tonumber(redis.call('GET', KEYS[6]) or '0') then
-    return {2, 0, 0, 0, 0}
+    return {2, 0, 0, 0, 0, 0}
   end
   if token > newest then
     redis.call('SET', KEYS[2], token)
   end
+  unfenced_reads = tonumber(redis.call('GET', KEYS[7]) or '0')
+else
+  unfenced_reads = redis.call('INCR', KEYS[7])
 end
 return {1, tonumber(redis.call('GET', KEYS[1]) or '-1'), tonumber(redis.call('GET', KEYS[3]) or '0'),
-  tonumber(redis.call('GET', KEYS[4]) or '0'), tonumber(redis.call('GET', KEYS[5]) or '0')}
+  tonumber(redis.call('GET', KEYS[4]) or '0'), tonumber(redis.call('GET', KEYS[5]) or '0'),
+  unfenced_reads}

@@ -29,6 +29,8 @@
 --          its own)
 -- KEYS[10]: 'locked' only: the count of writes under the other kind of lock (checked)
 -- KEYS[11]: 'locked' only: the count of writes under this kind of lock (incremented)
+-- KEYS[12]: 'locked' with a fencing token only: the count of reads under this kind of lock
+--          made without a token (see read_stock.lua)
 -- ARGV[1]: mode, 'locked', 'optimistic' or 'atomic'
 -- ARGV[2]: the ledger entry's JSON without its closing brace and without the figures only
 --          this script knows: '{"order_id":..,"instance":..,"strategy":..' (the caller
@@ -51,6 +53,10 @@
 --          holder of the same kind of lock without one (`watchdog`, `lua-release` ... beside
 --          `fenced`) that took the lock while this caller was paused leaves the token
 --          current; its write moved this count
+-- ARGV[12]: 'locked' with a fencing token only: the count of reads without a token under
+--          this kind of lock that the caller read with the stock. A holder without a token
+--          that took the lock after this caller's lease ran out, and read, moved it; its
+--          write, still to come, would go over this one
 -- returns: {1, stock left} when sold (several atomic sales: the first one's; the i-th
 --          sale, from 0, was sold with stock left - i if that is not negative, and found
 --          nothing left otherwise); {0, newest token} for a stale fencing token;
@@ -58,7 +64,7 @@
 --          writer, or one under the other kind of lock, wrote since the read; {4, 0} when
 --          the stock key is missing (never stocked, or Redis lost its data); {5, 0} when
 --          nothing is left (atomic only); {6, 0} when a fenced caller's lock was taken by a
---          holder without a token, who wrote since the read.
+--          holder without a token, who read or wrote since the read.
 --          Nothing is written in any case but the first.
 -- Numbers go to Redis and into the entry as text made with '%d': Lua's own conversion of a
 -- number ('%.14g', and '%.17g' for a command's argument) is a floating-point print, which
@@ -86,6 +92,9 @@ if fence then
     return {0, newest}
   end
   if (ARGV[11] or '') ~= '' and (redis.call('GET', KEYS[11]) or '0') ~= ARGV[11] then
+    return {6, 0}
+  end
+  if (ARGV[12] or '') ~= '' and (redis.call('GET', KEYS[12]) or '0') ~= ARGV[12] then
     return {6, 0}
   end
 end

@@ -332,6 +332,12 @@ pub struct Keys {
     /// other kind that it did not see. Never reset.
     pub single_node_writes: String,
     pub quorum_writes: String,
+    /// Reads made under single-node locks, and under quorum locks, by sales that have no
+    /// fencing token. Such a reader moves no token when it takes the lock from a fenced
+    /// holder whose lease ran out, so this count is how that holder's late write learns
+    /// that somebody read after it (and will write what it read). Never reset.
+    pub single_node_unfenced_reads: String,
+    pub quorum_unfenced_reads: String,
     pub fence: String,
     /// The newest fencing token the store has seen from a sale under a single-node lock,
     /// and under a quorum lock. Apart, because the two kinds do not exclude each other: a
@@ -373,6 +379,8 @@ impl Keys {
             lockfree_writes: key("lockfree_writes"),
             single_node_writes: key("writes:single-node"),
             quorum_writes: key("writes:quorum"),
+            single_node_unfenced_reads: key("unfenced-reads:single-node"),
+            quorum_unfenced_reads: key("unfenced-reads:quorum"),
             fence: key("fence"),
             fence_seen: key("fence:seen"),
             quorum_fence_seen: key("fence:seen:quorum"),
@@ -415,6 +423,13 @@ impl Keys {
         match kind {
             LockKind::SingleNode => &self.single_node_writes,
             LockKind::Quorum => &self.quorum_writes,
+        }
+    }
+
+    pub fn unfenced_reads(&self, kind: LockKind) -> &str {
+        match kind {
+            LockKind::SingleNode => &self.single_node_unfenced_reads,
+            LockKind::Quorum => &self.quorum_unfenced_reads,
         }
     }
 
@@ -463,6 +478,9 @@ pub struct WritesSeen {
     other_locks: i64,
     /// Writes under this kind of lock: checked by a fenced write only (see `sell.lua`).
     own_locks: i64,
+    /// Reads without a fencing token under this kind of lock: checked by a fenced write
+    /// only (see `read_stock.lua`).
+    unfenced_reads: i64,
 }
 
 impl WritesSeen {
@@ -1154,8 +1172,8 @@ impl Store {
     }
 
     /// The read of [`Store::read_for_sale`] from its reply.
-    fn stock_read(kind: LockKind, reply: (i64, i64, i64, i64, i64)) -> StockRead {
-        let (ok, value, lockfree, other_locks, own_locks) = reply;
+    fn stock_read(kind: LockKind, reply: (i64, i64, i64, i64, i64, i64)) -> StockRead {
+        let (ok, value, lockfree, other_locks, own_locks, unfenced_reads) = reply;
         match ok {
             1 => StockRead::Current {
                 stock: (value >= 0).then_some(value),
@@ -1164,6 +1182,7 @@ impl Store {
                     lockfree,
                     other_locks,
                     own_locks,
+                    unfenced_reads,
                 },
             },
             2 => StockRead::Overtaken,
@@ -1488,6 +1507,8 @@ mod tests {
             lockfree_writes,
             single_node_writes,
             quorum_writes,
+            single_node_unfenced_reads,
+            quorum_unfenced_reads,
             fence,
             fence_seen,
             quorum_fence_seen,
@@ -1511,6 +1532,8 @@ mod tests {
             lockfree_writes,
             single_node_writes,
             quorum_writes,
+            single_node_unfenced_reads,
+            quorum_unfenced_reads,
             fence,
             fence_seen,
             quorum_fence_seen,

@@ -177,9 +177,10 @@ pub fn draw_fences(keys: &Keys, owner: &str, newest: u64, count: u64) -> ScriptI
     i
 }
 
-/// `{1, stock or -1, lock-free writes, other-lock writes, this-lock writes}`, or `{0,
-/// newest token, 0, 0, 0}` for a stale `fence`, `{2, 0, 0, 0, 0}` for one older than the
-/// other kind of lock has seen.
+/// `{1, stock or -1, lock-free writes, other-lock writes, this-lock writes, token-less
+/// reads}` (a reader without `fence` counts itself among the last), or `{0, newest token,
+/// 0, 0, 0, 0}` for a stale `fence`, `{2, 0, 0, 0, 0, 0}` for one older than the other kind
+/// of lock has seen.
 pub fn read_stock(keys: &Keys, kind: LockKind, fence: Option<u64>) -> ScriptInvocation<'static> {
     let mut i = READ_STOCK.key(&keys.stock);
     i.key(keys.fence_seen_by(kind))
@@ -187,6 +188,7 @@ pub fn read_stock(keys: &Keys, kind: LockKind, fence: Option<u64>) -> ScriptInvo
         .key(keys.locked_writes(kind.other()))
         .key(keys.locked_writes(kind))
         .key(keys.fence_seen_by(kind.other()))
+        .key(keys.unfenced_reads(kind))
         .arg(fence.map(|f| f.to_string()).unwrap_or_default());
     i
 }
@@ -258,6 +260,10 @@ pub fn sell(
                         .map(|_| seen.own_locks.to_string())
                         .unwrap_or_default(),
                 );
+            if fence.is_some() {
+                i.key(keys.unfenced_reads(seen.kind))
+                    .arg(seen.unfenced_reads);
+            }
         }
     }
     i

@@ -1225,8 +1225,8 @@ async fn attack_a_durable_redis_restart_mid_load_recovers_and_keeps_the_books() 
 // ------------------------------------------------------------------------------------------
 
 /// A TCP proxy between one instance and Redis that holds back, once when armed, the first
-/// client chunk that runs the stock-read script: a network hiccup (or a GC pause) between a
-/// sale's acquire and its read.
+/// client chunk that runs a given script (and what follows it on that connection): a network
+/// hiccup (or a GC pause) at one step of a sale, such as between its acquire and its read.
 struct DelayingProxy {
     port: u16,
     armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -1234,16 +1234,15 @@ struct DelayingProxy {
 }
 
 impl DelayingProxy {
-    async fn start(redis_port: u16, delay: Duration) -> Self {
+    /// Holds back the chunk that runs `script` (a file of `lua/`, by its source).
+    async fn start(redis_port: u16, delay: Duration, script: &str) -> Self {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let armed = Arc::new(AtomicBool::new(false));
         let delaying = Arc::new(tokio::sync::Notify::new());
-        let sha = redis::Script::new(include_str!("../../lua/read_stock.lua"))
-            .get_hash()
-            .to_owned();
+        let sha = redis::Script::new(script).get_hash().to_owned();
         let (armed2, delaying2) = (armed.clone(), delaying.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -1283,8 +1282,8 @@ impl DelayingProxy {
         }
     }
 
-    /// Arms the delay and waits until a sale's stock read is being held back.
-    async fn hold_next_read(&self) -> impl std::future::Future<Output = ()> + '_ {
+    /// Arms the delay; the future is ready once a call of the script is being held back.
+    async fn hold_next_call(&self) -> impl std::future::Future<Output = ()> + '_ {
         self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.delaying.notified()
     }
@@ -1300,7 +1299,12 @@ impl DelayingProxy {
 #[tokio::test(flavor = "multi_thread")]
 async fn attack_a_reset_between_a_sales_acquire_and_its_read_takes_its_lock_silently() {
     let redis = RedisServer::start().await;
-    let proxy = DelayingProxy::start(redis.port(), Duration::from_millis(600)).await;
+    let proxy = DelayingProxy::start(
+        redis.port(),
+        Duration::from_millis(600),
+        include_str!("../../lua/read_stock.lua"),
+    )
+    .await;
     let app1 = InstanceBuilder::new(&redis, "app1")
         .env("REDIS_URL", format!("redis://127.0.0.1:{}", proxy.port))
         .start()
@@ -1320,7 +1324,7 @@ async fn attack_a_reset_between_a_sales_acquire_and_its_read_takes_its_lock_sile
         // Warm: app1's connections are up and its scripts loaded.
         assert_eq!(app1.sale("strategy=atomic").await.status, 200);
         app2.reset(10).await;
-        let held = proxy.hold_next_read().await;
+        let held = proxy.hold_next_call().await;
         let query_a = format!("strategy={strategy}");
         let a = app1.sale(&query_a);
         let rest = async {
@@ -1357,4 +1361,62 @@ async fn cluster_wait(redis: &RedisServer, lock: &str) {
         .wait_for_key(lock, true, Duration::from_secs(5))
         .await
         .expect("the second buyer never took the lock");
+}
+
+/// A fenced holder's write leaves inside its lease and is held on the wire for 700 ms; its
+/// lease runs out meanwhile, and a sale of the same kind of lock without a token takes the
+/// lock and reads. The late write lands between that read and that sale's own write: the
+/// token is still the newest (the taker drew none) and nothing was written since the fenced
+/// read, so before the taker's read was counted the late write landed, the taker wrote the
+/// same stock over it, and one unit was sold twice with two 200s. Found from outside, 20 of
+/// 20 runs; `fenced` beside `fenced` (the control) was always refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn attack_a_fenced_write_held_on_the_wire_never_lands_under_a_tokenless_taker_of_its_kind() {
+    let redis = RedisServer::start().await;
+    let proxy = DelayingProxy::start(
+        redis.port(),
+        Duration::from_millis(700),
+        include_str!("../../lua/sell.lua"),
+    )
+    .await;
+    let lease = |b: InstanceBuilder| b.env("LOCK_TTL_MS", 600).env("REDIS_TIMEOUT_MS", 1500);
+    let app1 = lease(InstanceBuilder::new(&redis, "app1"))
+        .env("REDIS_URL", format!("redis://127.0.0.1:{}", proxy.port))
+        .start()
+        .await;
+    let app2 = lease(InstanceBuilder::new(&redis, "app2")).start().await;
+    let mut broken = Vec::new();
+    // The quorum kind's pair (`redlock-fenced`, `redlock`) is the same check in `sell.lua`;
+    // `tests/it/lua.rs` covers it, since its lock lives on nodes this proxy does not hold.
+    for (fenced, taker) in [("fenced", "watchdog"), ("fenced", "lua-release")] {
+        app2.reset(10).await;
+        // Warm: app1's connections are up and its scripts loaded.
+        assert_eq!(app1.sale("strategy=atomic").await.status, 200);
+        app2.reset(10).await;
+        let held = proxy.hold_next_call().await;
+        let (query_a, query_b) = (
+            format!("strategy={fenced}&work_ms=300"),
+            format!("strategy={taker}&work_ms=600"),
+        );
+        let a = app1.sale(&query_a);
+        let b = async {
+            held.await;
+            app2.sale(&query_b).await
+        };
+        let (a, b) = tokio::join!(a, b);
+        let audit = app2.audit().await;
+        let sold = [&a, &b].iter().filter(|r| r.status == 200).count() as i64;
+        if audit["clean"] != true || audit["sales"].as_i64() != Some(sold) || a.status == 200 {
+            broken.push(format!(
+                "{fenced} then {taker}: a={} {} | b={} {} | audit {audit}",
+                a.status, a.body, b.status, b.body
+            ));
+        }
+        assert_eq!(b.status, 200, "{taker}: {}", b.body);
+    }
+    assert!(
+        broken.is_empty(),
+        "a late fenced write landed after its lock was taken:\n{}",
+        broken.join("\n")
+    );
 }

@@ -474,6 +474,49 @@ async fn one_atomic_call_sells_its_sales_in_order_while_stock_lasts_and_audits_e
     assert_eq!(Recorded::from_reply(again.0, again.1), SoldOut);
 }
 
+/// A fenced write refuses to land once a holder of its kind of lock without a token has
+/// read since the fenced read: that holder took the lock after the fenced one's lease ran
+/// out (it moves no token) and will write what it read over the late write. A token-less
+/// read from before the fenced read changes nothing. Both kinds of lock.
+#[tokio::test]
+async fn a_fenced_write_is_refused_once_a_tokenless_holder_of_its_kind_has_read_since() {
+    use Recorded::*;
+    let (redis, _c, _k) = setup().await;
+    let store = store(&redis);
+    for (kind, token) in [(LockKind::SingleNode, 100), (LockKind::Quorum, 200)] {
+        store.reset(10).await.unwrap();
+        read_as(&store, kind, None).await;
+        let (_, fenced) = read_as(&store, kind, Some(token)).await;
+        assert_eq!(
+            store
+                .record_sale(9, &entry(None), Some(token), fenced)
+                .await
+                .unwrap(),
+            Written(9),
+            "{kind:?}: a token-less read before the fenced one is no taker"
+        );
+        let (_, fenced) = read_as(&store, kind, Some(token + 1)).await;
+        let (_, taker) = read_as(&store, kind, None).await;
+        assert_eq!(
+            store
+                .record_sale(8, &entry(None), Some(token + 1), fenced)
+                .await
+                .unwrap(),
+            Overtaken,
+            "{kind:?}: the late fenced write landed under the taker"
+        );
+        assert_eq!(
+            store
+                .record_sale(8, &entry(None), None, taker)
+                .await
+                .unwrap(),
+            Written(8)
+        );
+        let audit = store.audit().await.unwrap().unwrap();
+        assert!(audit.clean, "{kind:?}: {audit:?}");
+    }
+}
+
 #[tokio::test]
 async fn no_write_creates_a_stock_that_is_not_there() {
     let (redis, mut c, k) = setup().await;
