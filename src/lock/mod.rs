@@ -938,10 +938,20 @@ impl Locks {
         }
     }
 
-    /// Takes the lock `outer` holds again, nested, as the same owner in Redis.
+    /// Takes the lock `outer` holds again, nested, as the same owner in Redis; a quorum lock
+    /// under an owner id of its own. A quorum attempt that loses gives back, by owner id,
+    /// whatever the nodes whose vote came late may have granted it; a nested attempt loses to
+    /// its own outer hold, and under the same id those give-backs deleted that hold, node by
+    /// node, while its sale ran: other buyers took the lock within half a second (found
+    /// from outside). The quorum lock is not reentrant either way: the nested attempt still
+    /// waits for the hold of its own sale.
     pub async fn reenter(&self, outer: &Guard, deadline: Instant) -> Result<Guard, LockError> {
-        self.acquire(outer.strategy, outer.redis_owner(), deadline, true)
-            .await
+        let owner = if outer.strategy.info().quorum {
+            Arc::from(format!("{}/nested", outer.redis_owner()))
+        } else {
+            outer.redis_owner().clone()
+        };
+        self.acquire(outer.strategy, &owner, deadline, true).await
     }
 
     /// Releases without waiting for Redis: for a sale that Redis has just left a call

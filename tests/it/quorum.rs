@@ -292,3 +292,51 @@ async fn bad_lock_node_settings_are_refused_at_start_up_by_name_and_without_the_
     app.reset(3).await;
     assert_eq!(app.sale("strategy=redlock").await.status, 200);
 }
+
+/// A sale's nested attempt at the quorum lock (which is not reentrant) waits on its own
+/// outer hold and never frees it: buyers at the other instance, which give up after 200 ms,
+/// get nothing while it waits. Its failed attempts' give-backs, sent under the sale's own
+/// owner id to the nodes whose vote came late, used to delete the outer hold node by node,
+/// and the other buyers sold within half a second.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nested_quorum_attempt_never_frees_the_hold_of_its_own_sale() {
+    let redis = RedisServer::start().await;
+    let nested_at = InstanceBuilder::new(&redis, "app1")
+        .env("LOCK_WAIT_MS", 1500)
+        .start()
+        .await;
+    let others_at = InstanceBuilder::new(&redis, "app2")
+        .env("LOCK_WAIT_MS", 200)
+        .start()
+        .await;
+    for strategy in ["redlock", "redlock-fenced"] {
+        nested_at.reset(100).await;
+        let query = format!("strategy={strategy}&reenter=true");
+        let nested = nested_at.sale(&query);
+        let others = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let started = tokio::time::Instant::now();
+            let mut replies = Vec::new();
+            while started.elapsed() < Duration::from_millis(1100) {
+                replies.push(others_at.sale(&format!("strategy={strategy}")).await);
+            }
+            replies
+        };
+        let (nested, others) = tokio::join!(nested, others);
+        assert_eq!(
+            (nested.status, nested.error_code()),
+            (503, "lock_timeout"),
+            "{strategy}: {}",
+            nested.body
+        );
+        let sold: Vec<&Value> = others
+            .iter()
+            .filter(|r| r.status == 200)
+            .map(|r| &r.body)
+            .collect();
+        assert!(
+            sold.is_empty(),
+            "{strategy}: buyers took the lock while its holder's sale ran: {sold:?}"
+        );
+    }
+}
