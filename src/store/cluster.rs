@@ -1,8 +1,9 @@
 //! The stock on a Redis Cluster (`REDIS_CLUSTER`).
 //!
-//! Commands go through the `redis` crate's cluster connection, which follows `MOVED` and
-//! `ASK` redirections, retries `TRYAGAIN` and refreshes its slot map after a failover; it
-//! connects lazily, so an instance starts while the cluster is down. Every key of one item
+//! Commands go through the `redis` crate's cluster connection, which refreshes its slot
+//! map after a `MOVED` or a failover; its own retries are off, and the store sends again
+//! only a call that certainly did not run ([`not_run`]). It connects lazily, so an instance
+//! starts while the cluster is down. Every key of one item
 //! shares the hash tag `{item}`, so each command and script touches one slot.
 //!
 //! What must stay on one connection to one node cannot go through it: `WATCH` / `MULTI` /
@@ -270,11 +271,33 @@ impl Cluster {
 }
 
 fn builder(seeds: &ClusterSeeds) -> ClusterClientBuilder {
-    // The crate's own retries stay within the call bound the store puts around each call.
-    ClusterClientBuilder::new(seeds.0.clone())
-        .retries(4)
-        .min_retry_wait(10)
-        .max_retry_wait(200)
+    // No retries by the crate: it sends a call again after a dropped connection or a reply
+    // timeout just as after a redirection, and a script that had run ran twice (found from
+    // outside: a batch of atomic sales cut off before its reply ran again, 16 units sold
+    // twice with one 200 each; a fenced write run again was refused, a 409 for a sale
+    // that landed). The store sends again only what certainly did not run ([`not_run`]).
+    ClusterClientBuilder::new(seeds.0.clone()).retries(0)
+}
+
+/// Whether a cluster call failed before it could run anywhere, so that sending it again
+/// cannot run it twice: a redirection or a refusal by the node (`MOVED`, `ASK`, `TRYAGAIN`,
+/// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY`: none runs the command), no connection
+/// to the slot's node, or a connection refused. The crate refreshes its slot map after
+/// the redirections, so the call sent again goes to the new owner.
+pub(super) fn not_run(e: &RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::ReadOnly
+        ) | ErrorKind::ClusterConnectionNotFound
+    ) || e.is_connection_refusal()
 }
 
 fn config(timeout: Duration) -> ClusterConfig {

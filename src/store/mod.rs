@@ -529,6 +529,11 @@ pub struct Store {
     batches: bool,
 }
 
+/// How often a cluster call that certainly did not run is sent again, and the wait before
+/// the first time (10 ms longer each time after): the crate's slot map is refreshed by then.
+const CLUSTER_RESENDS: u32 = 4;
+const CLUSTER_RESEND_WAIT: Duration = Duration::from_millis(10);
+
 /// Ledger entries kept unless configured otherwise: enough to read the story of a load
 /// test, about 2 MB; the audit's figures are counters and do not need the entries.
 pub const DEFAULT_LEDGER_CAP: u64 = 10_000;
@@ -1018,7 +1023,20 @@ impl Store {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        let started = tokio::time::Instant::now();
         let mut result = self.call_once(&f).await;
+        // On a cluster: sent again, within the call's bound, only when it certainly did not
+        // run (a redirection while a slot moves or after a failover, no connection yet).
+        let mut sent = 1;
+        while self.cluster.is_some()
+            && result.as_ref().is_err_and(cluster::not_run)
+            && sent <= CLUSTER_RESENDS
+            && started.elapsed() < self.timeout
+        {
+            tokio::time::sleep(CLUSTER_RESEND_WAIT * sent).await;
+            result = self.call_once(&f).await;
+            sent += 1;
+        }
         // After Redis was gone a while, the shared connection's last reconnection may have
         // been refused; the manager hands that refusal to the next call and only then
         // reconnects, however long Redis has been back. A refused call reached no Redis:

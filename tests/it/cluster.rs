@@ -510,3 +510,68 @@ async fn a_plain_redis_named_as_a_cluster_node_is_reported_and_never_ready() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A cluster call that may have run is never sent again: with the instances' connections to
+/// an item's master killed again and again under load (`CLIENT KILL`), no order is in the
+/// ledger twice, and every unit gone is a sale answered 200 or 504 `outcome_unknown`. The
+/// crate used to send a call again after a dropped connection or a reply timeout, as after
+/// a redirection: a batch of atomic sales cut off before its reply ran twice (found from
+/// outside: 16 units gone per cut beyond the 200s, each of those orders twice in the
+/// ledger, and no 504).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_call_cut_off_after_it_was_sent_is_never_sent_again() {
+    let setup = start(|b| b).await;
+    let masters = setup.cluster.masters().await;
+    let item = items_on(&masters, "cut").remove(0);
+    let master = setup
+        .cluster
+        .master_for_slot(hash_slot(&format!("{{{item}}}")))
+        .await;
+    let stock = 100_000;
+    stock_item(&setup.apps[0], &item, stock).await;
+    let mut killer = setup.cluster.node_connection(master.port).await;
+    let stop = tokio::sync::Notify::new();
+    let kills = async {
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"][..])
+                .query_async(&mut killer)
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.notify_waiters();
+    };
+    // Sixteen buyers at a time on the one item: app1 sells them in batches.
+    let buyers = vec![item.clone(); 16];
+    let (replies, ()) = tokio::join!(load(&setup.apps, &buyers, "strategy=atomic", &stop), kills);
+    let answered = |status: u16| replies.iter().filter(|(_, r)| r.status == status).count();
+    let (sold, unknown) = (answered(200), answered(504));
+    let mut c = setup.cluster.client().await;
+    let entries =
+        testkit::fixture::ledger(&mut c, &inventory::store::Keys::new(&item).ledger).await;
+    let mut orders: Vec<&str> = entries
+        .iter()
+        .map(|e| e["order_id"].as_str().unwrap())
+        .collect();
+    let recorded = orders.len();
+    orders.sort_unstable();
+    orders.dedup();
+    assert_eq!(orders.len(), recorded, "an order was written twice");
+    let audit = audit(&setup.apps[1], &item).await;
+    let gone = stock - audit["remaining"].as_i64().unwrap();
+    assert_eq!(audit["sales"].as_i64(), Some(gone), "{audit}");
+    assert!(
+        sold as i64 <= gone && gone <= (sold + unknown) as i64,
+        "{gone} units gone for {sold} sales answered 200 and {unknown} answered 504: {audit}"
+    );
+    for (_, r) in &replies {
+        assert!(
+            matches!(r.status, 200 | 503 | 504),
+            "{} {}",
+            r.status,
+            r.body
+        );
+    }
+    eprintln!("{sold} sold, {unknown} outcome unknown, {gone} gone");
+}
