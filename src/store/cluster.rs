@@ -345,7 +345,10 @@ fn parse_slots(reply: &redis::Value) -> Vec<Range> {
             let Value::Array(master) = fields.get(2)? else {
                 return None;
             };
-            let host = text(master.first()?)?;
+            // A node that does not know a master's address yet names it `?` or nothing
+            // (just after the cluster formed): a range it cannot place is left unknown,
+            // and the call that needed it fails as not run and is sent again.
+            let host = text(master.first()?).filter(|h| !h.is_empty() && h != "?")?;
             let port = match master.get(1)? {
                 Value::Int(p) => u16::try_from(*p).ok()?,
                 _ => return None,
@@ -419,6 +422,25 @@ mod tests {
             assert!(err.contains(says), "{err}");
             assert!(!err.contains("s3cret"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_master_whose_address_is_not_known_yet_is_left_out_of_the_slot_map() {
+        use redis::Value;
+        let range = |start: i64, host: &str| {
+            Value::Array(vec![
+                Value::Int(start),
+                Value::Int(start + 99),
+                Value::Array(vec![
+                    Value::BulkString(host.as_bytes().to_vec()),
+                    Value::Int(7001),
+                ]),
+            ])
+        };
+        let reply = Value::Array(vec![range(0, "127.0.0.1"), range(100, "?"), range(200, "")]);
+        let ranges = parse_slots(&reply);
+        assert_eq!(ranges.len(), 1, "{ranges:?}");
+        assert_eq!(ranges[0].master, "127.0.0.1:7001");
     }
 
     #[test]
