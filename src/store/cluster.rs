@@ -3,8 +3,8 @@
 //! Commands go through the `redis` crate's cluster connection, which refreshes its slot
 //! map after a `MOVED` or a failover; its own retries are off, and the store sends again
 //! only a call that certainly did not run ([`not_run`]). It connects lazily, so an instance
-//! starts while the cluster is down. Every key of one item
-//! shares the hash tag `{item}`, so each command and script touches one slot.
+//! starts while the cluster is down. Every key of one item shares the hash tag `{item}`, so
+//! each command and script touches one slot.
 //!
 //! What must stay on one connection to one node cannot go through it: `WATCH` / `MULTI` /
 //! `EXEC` (`optimistic`), a command with its `WAIT` (`REPLICA_ACKS`), a blocking `BLPOP`
