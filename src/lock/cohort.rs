@@ -56,27 +56,51 @@ use crate::store::StockRead;
 /// local network).
 pub(super) const QUANTUM: Duration = Duration::from_millis(5);
 
-/// What the tenures of every instance in line should add up to: a tenure that begins with
-/// N other instances waiting lasts this divided by N + 1 (within [`MIN_QUANTUM`] and the
-/// longest tenure), so the last of them waits about this long plus N hand-offs, however
+/// What the tenures of every instance in line add up to at least: a tenure that begins with
+/// N other instances waiting lasts the round divided by N + 1 (within [`MIN_QUANTUM`] and
+/// the longest tenure), so the last of them waits about a round plus N hand-offs, however
 /// many there are. Instances, not sales: an instance's own waiters are served within its
 /// tenure. 45 ms leaves half of a 100 ms wait for the hand-offs and for a holder the
-/// scheduler paused (60 ms gave a longest acquire of 103 ms at 16 instances in one run).
-/// Fixed, not fitted to the waits measured: at 64 instances on a loaded machine the
-/// hand-offs, not the tenures, make the round long (without tenures at all its p99 was
-/// 84 ms), and tenures shortened whenever a turn came late (down to a quarter of a
-/// millisecond) bought hardly a shorter wait but more hand-offs, which loaded the machine
-/// further: half the throughput, below rslock's, for the same longest acquire.
+/// scheduler paused. Never shortened below this when turns come late: at 64 instances on a
+/// loaded machine the hand-offs, not the tenures, make the round long (without tenures at
+/// all its p99 was 84 ms), and tenures shortened whenever a turn came late (down to a
+/// quarter of a millisecond) bought hardly a shorter wait but more hand-offs, which loaded
+/// the machine further: half the throughput, below rslock's, for the same longest acquire.
 const ROUND: Duration = Duration::from_millis(45);
+
+/// The wait in the Redis queue the round grows towards while turns come sooner: the round
+/// lengthens while the waits measured stay under this, and shrinks back (never below
+/// [`ROUND`]) as soon as one goes over. Why grow at all: each hand-off costs far more than a
+/// critical section on a machine whose idle cores sleep (waking a process on another core
+/// took 70 µs per round trip here, against 10 on the core Redis runs on, and a new holder
+/// runs on the other core for its first few), so every millisecond the round can spare
+/// without a wait going long is worth more tenure, not more hand-offs. Measured at 64
+/// instances: the fixed 45 ms round waited 60-65 ms (p99) with hand-offs costing a third of
+/// the time; a 60 ms one sold 44% more with its longest acquire near 100 ms.
+const TARGET_WAIT: Duration = Duration::from_millis(80);
 
 /// A tenure shorter than this would end before its second critical section.
 const MIN_QUANTUM: Duration = Duration::from_micros(500);
 
 /// How long a tenure lasts that began with `behind` other instances waiting (unknown: as
-/// if none).
-pub(super) fn quantum(longest: Duration, behind: Option<u64>) -> Duration {
+/// if none), for a round of `round`.
+pub(super) fn quantum(round: Duration, longest: Duration, behind: Option<u64>) -> Duration {
     let share = u32::try_from(behind.unwrap_or(0).saturating_add(1)).unwrap_or(u32::MAX);
-    (ROUND / share).max(MIN_QUANTUM).min(longest)
+    (round / share).max(MIN_QUANTUM).min(longest)
+}
+
+/// The round after a tenure began whose sale waited `waited` in the Redis queue behind
+/// others: cut in proportion at once when the wait went over [`TARGET_WAIT`] (a wait is
+/// the sum of the tenures before it, so this brings the next round back under), grown by
+/// an eighth of the room left when it came sooner (a step of the kind that converges
+/// without overshoot: every instance grows at once, and the waits grow N times as fast).
+pub(super) fn next_round(round: Duration, waited: Duration) -> Duration {
+    let next = if waited > TARGET_WAIT {
+        round.mul_f64(TARGET_WAIT.as_secs_f64() / waited.as_secs_f64())
+    } else {
+        round + (TARGET_WAIT - waited) / 8
+    };
+    next.clamp(ROUND, TARGET_WAIT)
 }
 
 /// How long past the quantum a sale waits here for the holder's critical section to end.
@@ -227,6 +251,9 @@ struct State {
     /// When the tenure being held began, to tell arrivals whether waiting here pays.
     since: Option<Instant>,
     quantum: Duration,
+    /// What the tenures in line add up to ([`next_round`]); zero until a wait is measured,
+    /// read as [`ROUND`].
+    round: Duration,
     parked: Option<(Tenure, u64)>,
     parks: u64,
     /// Sales that arrived during the tenure, or behind a sale in the Redis queue, and wait
@@ -344,6 +371,25 @@ impl Cohort {
                 state.wake_first(lock);
             }
         }
+    }
+
+    /// How long the tenure of a sale that took the lock in Redis lasts, with `behind` other
+    /// instances waiting; `waited` is its wait in the Redis queue when a release handed the
+    /// lock over, which moves the round.
+    pub fn quantum(
+        &self,
+        longest: Duration,
+        behind: Option<u64>,
+        waited: Option<Duration>,
+    ) -> Duration {
+        let Ok(mut state) = self.state.lock() else {
+            return quantum(ROUND, longest, behind);
+        };
+        let round = state.round.max(ROUND);
+        if let Some(waited) = waited {
+            state.round = next_round(round, waited);
+        }
+        quantum(round, longest, behind)
     }
 
     /// A sale took `lock` in Redis: sales of its strategy arriving here from now on wait for
@@ -647,23 +693,72 @@ mod tests {
     #[test]
     fn tenures_shrink_with_the_queue_behind_them_within_their_bounds() {
         let longest = Duration::from_millis(5);
-        assert_eq!(quantum(longest, None), longest);
-        assert_eq!(quantum(longest, Some(0)), longest);
-        assert_eq!(quantum(longest, Some(15)), ROUND / 16);
-        assert_eq!(quantum(longest, Some(63)), ROUND / 64);
-        assert!(
-            ROUND / 64 > MIN_QUANTUM,
-            "64 instances still get a tenure of their own"
-        );
-        assert_eq!(quantum(longest, Some(10_000)), MIN_QUANTUM);
-        assert_eq!(quantum(Duration::ZERO, Some(3)), Duration::ZERO);
-        for behind in [0, 1, 7, 99, u64::MAX] {
-            let q = quantum(longest, Some(behind));
+        for round in [ROUND, TARGET_WAIT] {
+            assert_eq!(quantum(round, longest, None), longest);
+            assert_eq!(quantum(round, longest, Some(0)), longest);
+            assert_eq!(quantum(round, longest, Some(15)), round / 16);
+            assert_eq!(quantum(round, longest, Some(63)), round / 64);
             assert!(
-                q <= longest && q >= MIN_QUANTUM.min(longest),
-                "{behind}: {q:?}"
+                round / 64 > MIN_QUANTUM,
+                "64 instances still get a tenure of their own"
             );
+            assert_eq!(quantum(round, longest, Some(10_000)), MIN_QUANTUM);
+            assert_eq!(quantum(round, Duration::ZERO, Some(3)), Duration::ZERO);
+            for behind in [0, 1, 7, 99, u64::MAX] {
+                let q = quantum(round, longest, Some(behind));
+                assert!(
+                    q <= longest && q >= MIN_QUANTUM.min(longest),
+                    "{behind}: {q:?}"
+                );
+            }
         }
+    }
+
+    /// Instances that all move their round by the waits they measure, each wait being the
+    /// others' tenures plus a hand-off each: whatever the hand-offs cost, the waits settle
+    /// at the target or below it and never stay above it, and the round stays within its
+    /// bounds, the floor when the hand-offs alone take the whole target.
+    #[test]
+    fn the_round_grows_while_waits_come_early_and_settles_with_the_waits_at_the_target() {
+        for instances in [2u32, 16, 64, 256] {
+            for hand_off_us in [0u64, 50, 300, 1000, 5000] {
+                let hand_off = Duration::from_micros(hand_off_us);
+                let longest = Duration::from_millis(5);
+                let mut round = ROUND;
+                let mut waits = Vec::new();
+                for _ in 0..200 {
+                    let behind = u64::from(instances - 1);
+                    let tenure = quantum(round, longest, Some(behind));
+                    let waited = (tenure + hand_off) * (instances - 1);
+                    waits.push(waited);
+                    let next = next_round(round, waited);
+                    assert!(
+                        (ROUND..=TARGET_WAIT).contains(&next),
+                        "{instances}/{hand_off_us}: {next:?}"
+                    );
+                    round = next;
+                }
+                let settled = waits[150..].iter().max().copied().unwrap_or_default();
+                let floor = (quantum(ROUND, longest, Some(u64::from(instances - 1))) + hand_off)
+                    * (instances - 1);
+                assert!(
+                    settled <= TARGET_WAIT.max(floor) + TARGET_WAIT / 50,
+                    "{instances}/{hand_off_us}: waits settle over the target: {settled:?}"
+                );
+                if floor < TARGET_WAIT && round / instances < longest {
+                    assert!(
+                        settled >= TARGET_WAIT - TARGET_WAIT / 10,
+                        "{instances}/{hand_off_us}: the round stopped short: {settled:?}"
+                    );
+                }
+            }
+        }
+        // One long wait cuts the round at once, in proportion.
+        assert_eq!(
+            next_round(TARGET_WAIT, TARGET_WAIT * 2),
+            ROUND.max(TARGET_WAIT / 2)
+        );
+        assert_eq!(next_round(ROUND, Duration::from_secs(10)), ROUND);
     }
 
     #[test]

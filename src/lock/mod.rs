@@ -812,7 +812,8 @@ impl Locks {
             });
             let handed = self.handed_lease(lock, owner, &grant, renewal.as_ref());
             let acquired = Instant::now();
-            let quantum = cohort::quantum(self.tenure, grant.behind);
+            let waited = (grant.handed && grant.behind.is_some()).then(|| acquired - since);
+            let quantum = self.cohort.quantum(self.tenure, grant.behind, waited);
             self.cohort.began(lock, acquired, quantum);
             let tenure = Tenure {
                 lock,
