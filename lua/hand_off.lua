@@ -11,7 +11,11 @@
 -- long, not a whole lease; the live one extends it to its lease as soon as it hears of it
 -- (src/lock/handoff.rs, HANDED_LEASE).
 local HANDED_LEASE_MS = 1000
-local function hand_off(lock, fence, queue, entries, inboxes)
+-- `passes` is the releasing instance's number of critical sections per tenure (in 256ths,
+-- 0 when it has none), passed on to the next holder in the message: one number travels with
+-- the lock from instance to instance, so every instance in line uses the same
+-- (src/lock/cohort.rs, next_mean).
+local function hand_off(lock, fence, queue, entries, inboxes, passes)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while true do
@@ -60,7 +64,8 @@ local function hand_off(lock, fence, queue, entries, inboxes)
         -- %d, not `..`: Lua writes a number past 14 digits as 1.7961764366741e+15, and
         -- tokens start from the clock in microseconds (fence_floor.lua).
         redis.call('RPUSH', inbox,
-          string.format('%d|%d|%d|', behind, token, last) .. shape .. '|' .. who)
+          string.format('%d|%d|%d|%d|', behind, token, last, tonumber(passes) or 0)
+            .. shape .. '|' .. who)
         redis.call('PEXPIRE', inbox, lease)
         return true
       end

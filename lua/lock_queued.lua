@@ -84,7 +84,14 @@ if phase ~= 'try' and mine and not queued then
   for _, message in ipairs(redis.call('LRANGE', KEYS[5], 0, -1)) do
     local head = #message > #tail and string.sub(message, -#tail) == tail
       and string.sub(message, 1, #message - #tail)
-    local token, last = head and string.match(head, '^%d+|(%d+)|(%d+)$')
+    -- 'behind|token|last|passes' (hand_off.lua), or without passes from an older release.
+    local token, last = nil, nil
+    if head then
+      token, last = string.match(head, '^%d+|(%d+)|(%d+)|%d+$')
+      if not token then
+        token, last = string.match(head, '^%d+|(%d+)|(%d+)$')
+      end
+    end
     if token then
       redis.call('LREM', KEYS[5], 1, message)
       return {1, tonumber(token), others_waiting(), tonumber(last)}

@@ -10,10 +10,11 @@
 -- ARGV[2]: lease in milliseconds, restored while outer levels are still held
 -- ARGV[3]: release channel, told when the lock is free so waiters retry at once
 -- ARGV[4]: the command that tells it: PUBLISH, or SPUBLISH on a cluster (sharded pub/sub)
+-- ARGV[5] (optional): critical sections per tenure, passed on with the lock (see hand_off.lua)
 -- returns: -1 when this owner does not hold the lock (nothing changed);
 --          0 when outer levels remain (count - 1); 1 when the lock was released (deleted,
 --          or handed to the next waiter)
--- hand_off(lock, fence, queue, entries, inboxes): see hand_off.lua, loaded in front of this script.
+-- hand_off(lock, fence, queue, entries, inboxes, passes): see hand_off.lua, loaded in front of this script.
 
 -- pcall: HEXISTS on a string lock is an error, returned as a table, which is not 1. One call
 -- instead of TYPE then HEXISTS, since this script is on the path from one holder to the next.
@@ -24,7 +25,7 @@ if redis.call('HINCRBY', KEYS[1], ARGV[1], -1) > 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 0
 end
-if #KEYS >= 6 and hand_off(KEYS[1], KEYS[5], KEYS[3], KEYS[4], KEYS[6]) then
+if #KEYS >= 6 and hand_off(KEYS[1], KEYS[5], KEYS[3], KEYS[4], KEYS[6], ARGV[5]) then
   return 1
 end
 redis.call('DEL', KEYS[1])

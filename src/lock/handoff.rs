@@ -171,30 +171,48 @@ pub(super) async fn try_acquire(
     Ok(attempt)
 }
 
-/// A hand-off message: `<behind>|<token>|<last>|<shape>|<owner>`, `behind` being how many
-/// waiters were still queued after this one, and `token..=last` the fencing tokens drawn
-/// for the new holder (its own, then those of the sales its tenure passes the lock to).
-/// The owner comes last: it is the only part that may itself hold a `|`.
+/// A hand-off message: `<behind>|<token>|<last>|<passes>|<shape>|<owner>`, `behind` being
+/// how many waiters were still queued after this one, `token..=last` the fencing tokens
+/// drawn for the new holder (its own, then those of the sales its tenure passes the lock
+/// to), and `passes` the releasing instance's number of critical sections per tenure, in
+/// 256ths (0: none; absent in the messages of an instance that does not pass it on). The
+/// owner comes last: it is the only part that may itself hold a `|`.
 pub(crate) struct Handed<'a> {
     pub behind: u64,
     pub token: u64,
     pub last: u64,
+    pub passes: Option<u32>,
     pub shape: &'a str,
     pub owner: &'a str,
 }
 
 impl<'a> Handed<'a> {
     pub(crate) fn parse(message: &'a str) -> Option<Self> {
-        let mut parts = message.splitn(5, '|');
-        let mut number = || parts.next()?.parse::<u64>().ok();
+        let mut rest = message;
+        let mut field = || {
+            let (head, tail) = rest.split_once('|')?;
+            rest = tail;
+            Some(head)
+        };
+        let mut number = || field()?.parse::<u64>().ok();
         let (behind, token, last) = (number()?, number()?, number()?);
-        let (shape, owner) = (parts.next()?, parts.next()?);
+        // A shape is a word, never a number: one written before `passes` was reads on.
+        let (passes, shape) = match field()? {
+            passes if passes.bytes().all(|b| b.is_ascii_digit()) => {
+                (passes.parse::<u32>().ok().filter(|p| *p > 0), field()?)
+            }
+            shape => (None, shape),
+        };
+        if shape.is_empty() || rest.is_empty() {
+            return None;
+        }
         Some(Self {
             behind,
             token,
             last,
+            passes,
             shape,
-            owner,
+            owner: rest,
         })
     }
 
@@ -215,10 +233,11 @@ pub(crate) async fn release_orphan<C: redis::aio::ConnectionLike + Send>(
     handed: &Handed<'_>,
 ) -> RedisResult<()> {
     // A handed-over lock has no outer levels, so no lease to restore for them.
+    let passes = handed.passes.unwrap_or(0);
     let invocation = if handed.shape == "string" {
-        scripts::unlock_owned(&keys.lock, keys, handed.owner)
+        scripts::unlock_owned(&keys.lock, keys, handed.owner, passes)
     } else {
-        scripts::unlock_reentrant(keys, handed.owner, 1000)
+        scripts::unlock_reentrant(keys, handed.owner, 1000, passes)
     };
     invocation.invoke_async::<i64>(conn).await.map(drop)
 }
@@ -229,14 +248,25 @@ mod tests {
 
     #[test]
     fn a_hand_off_message_reads_back() {
-        let handed = Handed::parse("3|7|22|fenced|host:1:order|x").expect("parses");
+        let handed = Handed::parse("3|7|22|3840|fenced|host:1:order|x").expect("parses");
         assert_eq!(handed.behind, 3);
         assert_eq!(handed.token, 7);
+        assert_eq!(handed.passes, Some(3840));
+        assert_eq!(handed.shape, "fenced");
         assert_eq!(handed.owner, "host:1:order|x");
         assert_eq!(handed.fence(), Some(7));
         assert_eq!(handed.fence_to(), Some(22));
-        let unfenced = Handed::parse("0|0|0|string|a").expect("parses");
+        let unfenced = Handed::parse("0|0|0|0|string|a").expect("parses");
         assert_eq!((unfenced.fence(), unfenced.fence_to()), (None, None));
+        assert_eq!(unfenced.passes, None, "0 passes on nothing");
+        // From an instance that does not pass a number on.
+        let older = Handed::parse("3|7|22|fenced|9|x").expect("parses");
+        assert_eq!(
+            (older.passes, older.shape, older.owner),
+            (None, "fenced", "9|x")
+        );
+        assert!(Handed::parse("1|2|3|4|fenced|").is_none(), "an owner");
+        assert!(Handed::parse("1|2|3|4||a").is_none(), "a shape");
         assert!(Handed::parse("garbage").is_none());
         assert!(Handed::parse("7|fenced|a").is_none(), "a count first");
         assert!(

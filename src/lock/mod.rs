@@ -123,6 +123,9 @@ pub struct Grant {
     /// When the call that wrote this lease was sent (for a lock handed over, a moment
     /// before its release wrote it): the lease surely runs from then, whenever Redis ran it.
     pub leased_from: Instant,
+    /// The critical sections per tenure the release that handed the lock over passed on,
+    /// in 256ths.
+    pub passes: Option<u32>,
 }
 
 impl Grant {
@@ -296,9 +299,18 @@ pub struct LockCx {
     /// Fencing tokens a queued attempt draws when it is granted the lock (`notify`): one,
     /// or with tenures a block, the rest for the sales the tenure passes the lock to.
     pub fence_block: u64,
+    /// Critical sections per tenure, in 256ths, as this instance last set them for this
+    /// item (0: none yet): every release passes the number on with the lock
+    /// ([`cohort::next_mean`]).
+    pub passes: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl LockCx {
+    /// The number of critical sections per tenure a release passes on with the lock.
+    pub fn passes(&self) -> u32 {
+        self.passes.load(Ordering::Relaxed)
+    }
+
     /// A copy whose stock store waits for `REPLICA_ACKS` replicas after every call, with
     /// the count they acknowledged; `None` when `REPLICA_ACKS` is 0.
     pub fn acked(&self) -> Option<(LockCx, Arc<crate::store::Acks>)> {
@@ -418,6 +430,7 @@ impl Locks {
             ttl,
             release_gap,
             newest_fence: Arc::default(),
+            passes: Arc::default(),
             quorum_outages: Arc::default(),
             fence_block: 1,
         };
@@ -428,12 +441,12 @@ impl Locks {
         let waiter = Waiter::listen(&cx.store, mode);
         let poller = Waiter::listen(&cx.store, WaitMode::Spin);
         Self {
-            cx,
             mode,
             local: Arc::default(),
             waiter,
             poller,
-            cohort: Arc::default(),
+            cohort: Arc::new(Cohort::passing_on(cx.passes.clone())),
+            cx,
             tenure: Duration::ZERO,
         }
         .with_tenure(cohort::QUANTUM)
@@ -467,6 +480,7 @@ impl Locks {
             newest_fence: self.cx.newest_fence.clone(),
             quorum_outages: self.cx.quorum_outages.clone(),
             fence_block: self.cx.fence_block,
+            passes: Arc::default(),
         };
         Self::listening(cx, self.mode).with_tenure(self.tenure)
     }
@@ -813,7 +827,9 @@ impl Locks {
             let handed = self.handed_lease(lock, owner, &grant, renewal.as_ref());
             let acquired = Instant::now();
             let waited = (grant.handed && grant.behind.is_some()).then(|| acquired - since);
-            let quantum = self.cohort.quantum(self.tenure, grant.behind, waited);
+            let (quantum, cap) = self
+                .cohort
+                .allot(self.tenure, grant.behind, waited, grant.passes);
             self.cohort.began(lock, acquired, quantum);
             let tenure = Tenure {
                 lock,
@@ -826,6 +842,8 @@ impl Locks {
                 tokens: grant.spare_fences(),
                 prefetched: None,
                 handed,
+                passes: 1,
+                cap: cap.and_then(std::num::NonZeroU16::new),
             };
             return Ok((grant.fence, Hold::Cohort(tenure)));
         }
@@ -869,6 +887,7 @@ impl Locks {
     /// in Redis. `None` when the lock turned out lost, or the draw failed: the tenure is
     /// over and the sale asks Redis.
     async fn take_passed(&self, mut tenure: Tenure) -> Option<(Option<u64>, Hold)> {
+        tenure.passes = tenure.passes.saturating_add(1);
         if handoff_shape(tenure.lock) != Some("fenced") {
             return Some((None, Hold::Cohort(tenure)));
         }

@@ -272,6 +272,7 @@ impl Waiter {
                         fence_to,
                         handed: false,
                         leased_from: sent,
+                        passes: None,
                     }));
                 }
                 Attempt::Busy { retry_in } => retry_in,
@@ -300,6 +301,7 @@ impl Waiter {
                     handed: true,
                     // The release wrote it for the entry this wait's first attempt made.
                     leased_from: started,
+                    passes: handed.as_ref().and_then(|h| h.passes),
                 }));
             }
             phase = Phase::Wait;
@@ -367,6 +369,7 @@ impl Waiter {
                     fence_to,
                     handed: false,
                     leased_from: sent,
+                    passes: None,
                 }));
             }
             Attempt::Busy { retry_in } => retry_in,

@@ -77,7 +77,12 @@ pub fn lock_fenced(
 
 /// 1 when the last hold was left (the lock is gone, or handed to the next queued
 /// waiter), 0 when an outer hold remains, -1 when `owner` did not hold it.
-pub fn unlock_reentrant(keys: &Keys, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {
+pub fn unlock_reentrant(
+    keys: &Keys,
+    owner: &str,
+    ttl_ms: u64,
+    passes: u32,
+) -> ScriptInvocation<'static> {
     let mut i = UNLOCK_REENTRANT.key(&keys.lock);
     i.key(&keys.signal)
         .key(&keys.queue)
@@ -87,13 +92,19 @@ pub fn unlock_reentrant(keys: &Keys, owner: &str, ttl_ms: u64) -> ScriptInvocati
         .arg(owner)
         .arg(ttl_ms)
         .arg(&keys.released)
-        .arg(keys.publish());
+        .arg(keys.publish())
+        .arg(passes);
     i
 }
 
 /// Compare-and-delete of a string lock at `lock` (normally `keys.lock`), handing it to
 /// the next queued waiter if there is one: 1 when released.
-pub fn unlock_owned(lock: &str, keys: &Keys, owner: &str) -> ScriptInvocation<'static> {
+pub fn unlock_owned(
+    lock: &str,
+    keys: &Keys,
+    owner: &str,
+    passes: u32,
+) -> ScriptInvocation<'static> {
     let mut i = UNLOCK_OWNED.key(lock);
     i.key(&keys.signal)
         .key(&keys.queue)
@@ -102,7 +113,8 @@ pub fn unlock_owned(lock: &str, keys: &Keys, owner: &str) -> ScriptInvocation<'s
         .key(&keys.queue_inboxes)
         .arg(owner)
         .arg(&keys.released)
-        .arg(keys.publish());
+        .arg(keys.publish())
+        .arg(passes);
     i
 }
 

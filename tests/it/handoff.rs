@@ -38,10 +38,45 @@ async fn attempt(
 }
 
 async fn release(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
-    scripts::unlock_owned(&k.lock, k, owner)
+    scripts::unlock_owned(&k.lock, k, owner, 0)
         .invoke_async(c)
         .await
         .unwrap()
+}
+
+/// The number of critical sections per tenure that a release passes on reaches the next
+/// holder with the lock, whichever release script hands it over, and reads back.
+#[tokio::test]
+async fn a_release_passes_its_number_of_critical_sections_on_with_the_lock() {
+    let redis = RedisServer::start().await;
+    let mut c = redis.conn().await;
+    let k = Keys::new("001");
+    assert_eq!(attempt(&mut c, &k, "a", "inbox:a", "try", 1000).await.0, 1);
+    assert_eq!(attempt(&mut c, &k, "b", "inbox:b", "try", 5000).await.0, 0);
+    let released: i64 = scripts::unlock_owned(&k.lock, &k, "a", 7 * 256 + 128)
+        .invoke_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(released, 1);
+    let to_b: Vec<String> = c.lrange("inbox:b", 0, -1).await.unwrap();
+    assert_eq!(to_b, ["0|0|0|1920|string|b"]);
+
+    // A hash lock's release script passes it on the same way.
+    let k = Keys::new("002");
+    let queued = |owner: &'static str, inbox: &'static str| {
+        scripts::lock_queued(&k, inbox, owner, "hash", TTL_MS, 0, "try", 5000, 1)
+    };
+    let first: Vec<i64> = queued("a", "inbox:c").invoke_async(&mut c).await.unwrap();
+    assert_eq!(first[0], 1);
+    let second: Vec<i64> = queued("d", "inbox:d").invoke_async(&mut c).await.unwrap();
+    assert_eq!(second[0], 0);
+    let released: i64 = scripts::unlock_reentrant(&k, "a", TTL_MS, 300)
+        .invoke_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(released, 1);
+    let to_d: Vec<String> = c.lrange("inbox:d", 0, -1).await.unwrap();
+    assert_eq!(to_d, ["0|0|0|300|hash|d"]);
 }
 
 #[tokio::test]
@@ -62,7 +97,7 @@ async fn a_waiter_that_dies_while_queued_does_not_stall_the_next_one() {
     let to_c: Vec<String> = c.lrange("inbox:c", 0, -1).await.unwrap();
     assert_eq!(
         to_c,
-        ["0|0|0|string|c"],
+        ["0|0|0|0|string|c"],
         "nobody behind c, token 0 (unfenced), c"
     );
     let to_b: i64 = c.llen("inbox:b").await.unwrap();
@@ -102,7 +137,7 @@ async fn a_hand_off_counts_the_other_instances_waiting_and_is_taken_back_whateve
     );
     assert_eq!(release(&mut c, &k, "a").await, 1);
     let to_x: Vec<String> = c.lrange("inbox:x", 0, -1).await.unwrap();
-    assert_eq!(to_x, ["1|0|0|string|b"], "only y waits besides x");
+    assert_eq!(to_x, ["1|0|0|0|string|b"], "only y waits besides x");
     assert_eq!(
         attempt(&mut c, &k, "b", "inbox:x", "wait", 5000).await,
         (1, 0)
@@ -110,7 +145,11 @@ async fn a_hand_off_counts_the_other_instances_waiting_and_is_taken_back_whateve
     assert_eq!(c.llen::<_, i64>("inbox:x").await.unwrap(), 0);
     assert_eq!(release(&mut c, &k, "b").await, 1);
     let to_y: Vec<String> = c.lrange("inbox:y", 0, -1).await.unwrap();
-    assert_eq!(to_y, ["0|0|0|string|c"], "d is y's own: nobody else waits");
+    assert_eq!(
+        to_y,
+        ["0|0|0|0|string|c"],
+        "d is y's own: nobody else waits"
+    );
     assert_eq!(
         attempt(&mut c, &k, "d", "inbox:y", "leave", 5000).await.0,
         0

@@ -27,7 +27,7 @@ async fn lock_reentrant(c: &mut MultiplexedConnection, k: &Keys, owner: &str) ->
 }
 
 async fn unlock_reentrant(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
-    scripts::unlock_reentrant(k, owner, TTL_MS)
+    scripts::unlock_reentrant(k, owner, TTL_MS, 0)
         .invoke_async(c)
         .await
         .unwrap()
@@ -48,7 +48,7 @@ async fn lock_fenced(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> (i
 }
 
 async fn unlock_owned(c: &mut MultiplexedConnection, k: &Keys, owner: &str) -> i64 {
-    scripts::unlock_owned(&k.lock, k, owner)
+    scripts::unlock_owned(&k.lock, k, owner, 0)
         .invoke_async(c)
         .await
         .unwrap()
@@ -125,14 +125,14 @@ async fn a_non_owner_can_neither_release_nor_renew() {
         .query_async(&mut c)
         .await
         .unwrap();
-    let deleted: i64 = scripts::unlock_owned("plain", &k, "b")
+    let deleted: i64 = scripts::unlock_owned("plain", &k, "b", 0)
         .invoke_async(&mut c)
         .await
         .unwrap();
     assert_eq!(deleted, 0);
     let holder: String = c.get("plain").await.unwrap();
     assert_eq!(holder, "a");
-    let deleted: i64 = scripts::unlock_owned("plain", &k, "a")
+    let deleted: i64 = scripts::unlock_owned("plain", &k, "a", 0)
         .invoke_async(&mut c)
         .await
         .unwrap();
