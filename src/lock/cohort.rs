@@ -9,7 +9,7 @@
 //! section to one tenure: instances still take turns in the Redis queue's arrival order,
 //! each for at most [`QUANTUM`] (plus the critical section running when it ends), so a waiter
 //! behind N instances waits about N tenures. While other instances wait, a tenure also
-//! begins at most half as many again critical sections as tenures get through on average, a
+//! begins at most a fifth more critical sections than tenures get through on average, a
 //! mean the release passes on to the next holder with the lock ([`next_mean`]), so that
 //! instances share the lock by critical sections as well as by time.
 //!
@@ -118,7 +118,9 @@ pub(super) fn next_round(round: Duration, waited: Duration) -> Duration {
 /// run one instance sold 0.65-0.7 of what another did. Capping the lucky tenures takes the
 /// top off that spread while the quantum still bounds the others; the cap costs what those
 /// tenures would have sold beyond it, in critical sections that are the cheapest there are.
-const CAP_PERCENT: u64 = 150;
+/// In alternating 5 s runs at 64 instances the fairest instance pairs had 0.81-0.84 at 120%,
+/// 0.68-0.75 at 150%, and 0.70-0.74 uncapped, throughput within the noise between runs.
+const CAP_PERCENT: u64 = 120;
 
 /// The mean number of critical sections tenures get through (in 256ths), after a tenure
 /// that began with the mean `mean` (none: the first here) got through `passes`, `capped`
@@ -869,7 +871,7 @@ mod tests {
         }
         let settled = mean.unwrap_or_default();
         assert!((19 * 256..=20 * 256).contains(&settled), "{settled}");
-        // Tenures that could have done 30 but were capped at 150% of a mean of 4 climb.
+        // Tenures that could have done 30 but were capped at a mean of 4 climb.
         let mut mean = 4 * 256;
         for _ in 0..400 {
             let cap = u32::try_from(u64::from(mean) * CAP_PERCENT / (256 * 100)).unwrap_or(2);
@@ -888,7 +890,7 @@ mod tests {
         let (_, cap) = cohort.allot(longest, Some(3), waited, None);
         assert_eq!(cap, None, "no mean yet");
         let (_, cap) = cohort.allot(longest, Some(3), waited, Some(10 * 256));
-        assert_eq!(cap, Some(15), "150% of the mean passed on");
+        assert_eq!(cap, Some(12), "120% of the mean passed on");
         assert_eq!(
             passes.load(Ordering::Relaxed),
             10 * 256,
@@ -896,7 +898,7 @@ mod tests {
         );
         let (_, cap) = cohort.allot(longest, Some(0), waited, Some(20 * 256));
         assert_eq!(cap, None, "nobody else waits");
-        passes.store(4 * 256, Ordering::Relaxed);
+        passes.store(5 * 256, Ordering::Relaxed);
         let (_, cap) = cohort.allot(longest, Some(3), waited, None);
         assert_eq!(cap, Some(6), "its own when none is passed on");
     }
