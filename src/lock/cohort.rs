@@ -118,8 +118,9 @@ pub(super) fn next_round(round: Duration, waited: Duration) -> Duration {
 /// run one instance sold 0.65-0.7 of what another did. Capping the lucky tenures takes the
 /// top off that spread while the quantum still bounds the others; the cap costs what those
 /// tenures would have sold beyond it, in critical sections that are the cheapest there are.
-/// In alternating 5 s runs at 64 instances the fairest instance pairs had 0.81-0.84 at 120%,
-/// 0.68-0.75 at 150%, and 0.70-0.74 uncapped, throughput within the noise between runs.
+/// In alternating 5 s runs at 64 instances the instance served least had 0.81-0.84 of the
+/// critical sections of the one served most at 120%, 0.68-0.75 at 150%, and 0.70-0.74
+/// uncapped (8 s runs), throughput within the noise between runs.
 const CAP_PERCENT: u64 = 120;
 
 /// The mean number of critical sections tenures get through (in 256ths), after a tenure
@@ -489,7 +490,11 @@ impl Cohort {
             let capped = tenure.cap.is_some_and(|cap| tenure.passes >= cap.get());
             // The mean this tenure began with: the one passed on to it, or the instance's own.
             let mean = Some(self.passes.load(Ordering::Relaxed)).filter(|m| *m > 0);
-            if capped || tenure.acquired.elapsed() >= tenure.quantum {
+            // Only tenures that others waited for count (those with a cap), and the first
+            // one: a tenure alone holds as many as its longest quantum allows, which says
+            // nothing about a round.
+            let timed = tenure.acquired.elapsed() >= tenure.quantum;
+            if capped || (timed && (tenure.cap.is_some() || mean.is_none())) {
                 self.passes.store(
                     next_mean(mean, tenure.passes.into(), capped),
                     Ordering::Relaxed,
@@ -901,6 +906,33 @@ mod tests {
         passes.store(5 * 256, Ordering::Relaxed);
         let (_, cap) = cohort.allot(longest, Some(3), waited, None);
         assert_eq!(cap, Some(6), "its own when none is passed on");
+    }
+
+    /// A tenure moves the mean it passes on only when others waited for it (it had a cap),
+    /// or when there is no mean yet: one alone fills its longest quantum, which says nothing
+    /// of a round.
+    #[test]
+    fn only_tenures_others_waited_for_move_the_mean_passed_on() {
+        let passes = Arc::new(AtomicU32::new(10 * 256));
+        let cohort = Cohort::passing_on(passes.clone());
+        let ended = |passes: u16, cap: Option<u16>| {
+            let mut t = tenure(Instant::now());
+            t.quantum = Duration::ZERO;
+            t.passes = passes;
+            t.cap = cap.and_then(NonZeroU16::new);
+            t
+        };
+        assert!(matches!(cohort.pass(ended(300, None)), Passed::Over(_)));
+        assert_eq!(passes.load(Ordering::Relaxed), 10 * 256, "alone: unchanged");
+        assert!(matches!(cohort.pass(ended(12, Some(12))), Passed::Over(_)));
+        assert_eq!(
+            passes.load(Ordering::Relaxed),
+            (10 * 256 * 15 + 13 * 256) / 16,
+            "capped: counts one more"
+        );
+        passes.store(0, Ordering::Relaxed);
+        assert!(matches!(cohort.pass(ended(7, None)), Passed::Over(_)));
+        assert_eq!(passes.load(Ordering::Relaxed), 7 * 256, "the first mean");
     }
 
     #[test]
