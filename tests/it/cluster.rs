@@ -371,8 +371,12 @@ async fn a_killed_master_stops_only_its_own_items_until_its_replica_takes_over_a
             .map(|(_, r)| r)
             .collect();
         for r in &mine {
+            // A write in flight when its master was killed may have run or not, and is
+            // never sent again (cluster::a_cluster_call_cut_off_after_it_was_sent_is_never_
+            // sent_again): that sale says it does not know. Only on the killed master.
+            let unknown = i == 0 && r.status == 504 && r.body["error"] == "outcome_unknown";
             assert!(
-                r.status == 200 || r.status == 503 || r.status == 409,
+                r.status == 200 || r.status == 503 || r.status == 409 || unknown,
                 "{item}: {} {}\n{}",
                 r.status,
                 r.body,
