@@ -288,9 +288,9 @@ impl Drop for Passing {
 #[derive(Default)]
 pub(super) struct Cohort {
     state: Mutex<State>,
-    /// Critical sections per tenure, in 256ths (0: none yet), shared with the releases that
+    /// The mean critical sections per tenure, in 256ths (0: none yet), shared with the releases that
     /// pass the number on with the lock.
-    passes: Arc<AtomicU32>,
+    mean: Arc<AtomicU32>,
 }
 
 #[derive(Default)]
@@ -370,10 +370,10 @@ impl State {
 impl Cohort {
     /// A cohort whose number of critical sections per tenure is `passes`, which the
     /// instance's releases pass on.
-    pub fn passing_on(passes: Arc<AtomicU32>) -> Self {
+    pub fn passing_on(mean: Arc<AtomicU32>) -> Self {
         Self {
             state: Mutex::default(),
-            passes,
+            mean,
         }
     }
 
@@ -461,9 +461,9 @@ impl Cohort {
         }
         // The mean passed on is this instance's from now on, and the one its releases pass on.
         if let Some(mean) = passed_on.filter(|m| *m > 0) {
-            self.passes.store(mean, Ordering::Relaxed);
+            self.mean.store(mean, Ordering::Relaxed);
         }
-        let mean = self.passes.load(Ordering::Relaxed);
+        let mean = self.mean.load(Ordering::Relaxed);
         let cap = (mean > 0).then(|| (u64::from(mean) * CAP_PERCENT / (256 * 100)).max(2));
         let cap = cap.map(|cap| u16::try_from(cap).unwrap_or(u16::MAX));
         (quantum, cap)
@@ -489,13 +489,13 @@ impl Cohort {
         if !tenure.can_pass() {
             let capped = tenure.cap.is_some_and(|cap| tenure.passes >= cap.get());
             // The mean this tenure began with: the one passed on to it, or the instance's own.
-            let mean = Some(self.passes.load(Ordering::Relaxed)).filter(|m| *m > 0);
+            let mean = Some(self.mean.load(Ordering::Relaxed)).filter(|m| *m > 0);
             // Only tenures that others waited for count (those with a cap), and the first
             // one: a tenure alone holds as many as its longest quantum allows, which says
             // nothing about a round.
             let timed = tenure.acquired.elapsed() >= tenure.quantum;
             if capped || (timed && (tenure.cap.is_some() || mean.is_none())) {
-                self.passes.store(
+                self.mean.store(
                     next_mean(mean, tenure.passes.into(), capped),
                     Ordering::Relaxed,
                 );

@@ -181,7 +181,7 @@ pub(crate) struct Handed<'a> {
     pub behind: u64,
     pub token: u64,
     pub last: u64,
-    pub passes: Option<u32>,
+    pub tenure_mean: Option<u32>,
     pub shape: &'a str,
     pub owner: &'a str,
 }
@@ -210,7 +210,7 @@ impl<'a> Handed<'a> {
             behind,
             token,
             last,
-            passes,
+            tenure_mean: passes,
             shape,
             owner: rest,
         })
@@ -233,7 +233,7 @@ pub(crate) async fn release_orphan<C: redis::aio::ConnectionLike + Send>(
     handed: &Handed<'_>,
 ) -> RedisResult<()> {
     // A handed-over lock has no outer levels, so no lease to restore for them.
-    let passes = handed.passes.unwrap_or(0);
+    let passes = handed.tenure_mean.unwrap_or(0);
     let invocation = if handed.shape == "string" {
         scripts::unlock_owned(&keys.lock, keys, handed.owner, passes)
     } else {
@@ -251,18 +251,18 @@ mod tests {
         let handed = Handed::parse("3|7|22|3840|fenced|host:1:order|x").expect("parses");
         assert_eq!(handed.behind, 3);
         assert_eq!(handed.token, 7);
-        assert_eq!(handed.passes, Some(3840));
+        assert_eq!(handed.tenure_mean, Some(3840));
         assert_eq!(handed.shape, "fenced");
         assert_eq!(handed.owner, "host:1:order|x");
         assert_eq!(handed.fence(), Some(7));
         assert_eq!(handed.fence_to(), Some(22));
         let unfenced = Handed::parse("0|0|0|0|string|a").expect("parses");
         assert_eq!((unfenced.fence(), unfenced.fence_to()), (None, None));
-        assert_eq!(unfenced.passes, None, "0 passes on nothing");
+        assert_eq!(unfenced.tenure_mean, None, "0 passes on nothing");
         // From an instance that does not pass a number on.
         let older = Handed::parse("3|7|22|fenced|9|x").expect("parses");
         assert_eq!(
-            (older.passes, older.shape, older.owner),
+            (older.tenure_mean, older.shape, older.owner),
             (None, "fenced", "9|x")
         );
         assert!(Handed::parse("1|2|3|4|fenced|").is_none(), "an owner");

@@ -19,7 +19,7 @@ impl RedisLockOps for LuaRelease {
 
     async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
         let keys = &cx.store.keys;
-        let unlock = &scripts::unlock_owned(&keys.lock, keys, owner, cx.passes());
+        let unlock = &scripts::unlock_owned(&keys.lock, keys, owner, cx.tenure_mean());
         let deleted: i64 = cx
             .store
             .call(|mut c| async move { unlock.invoke_async(&mut c).await })

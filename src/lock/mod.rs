@@ -125,7 +125,7 @@ pub struct Grant {
     pub leased_from: Instant,
     /// The critical sections per tenure the release that handed the lock over passed on,
     /// in 256ths.
-    pub passes: Option<u32>,
+    pub tenure_mean: Option<u32>,
 }
 
 impl Grant {
@@ -299,16 +299,16 @@ pub struct LockCx {
     /// Fencing tokens a queued attempt draws when it is granted the lock (`notify`): one,
     /// or with tenures a block, the rest for the sales the tenure passes the lock to.
     pub fence_block: u64,
-    /// Critical sections per tenure, in 256ths, as this instance last set them for this
+    /// The mean critical sections per tenure, in 256ths, as this instance last set them for this
     /// item (0: none yet): every release passes the number on with the lock
     /// ([`cohort::next_mean`]).
-    pub passes: Arc<std::sync::atomic::AtomicU32>,
+    pub tenure_mean: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl LockCx {
-    /// The number of critical sections per tenure a release passes on with the lock.
-    pub fn passes(&self) -> u32 {
-        self.passes.load(Ordering::Relaxed)
+    /// The mean critical sections per tenure a release passes on with the lock.
+    pub fn tenure_mean(&self) -> u32 {
+        self.tenure_mean.load(Ordering::Relaxed)
     }
 
     /// A copy whose stock store waits for `REPLICA_ACKS` replicas after every call, with
@@ -430,7 +430,7 @@ impl Locks {
             ttl,
             release_gap,
             newest_fence: Arc::default(),
-            passes: Arc::default(),
+            tenure_mean: Arc::default(),
             quorum_outages: Arc::default(),
             fence_block: 1,
         };
@@ -445,7 +445,7 @@ impl Locks {
             local: Arc::default(),
             waiter,
             poller,
-            cohort: Arc::new(Cohort::passing_on(cx.passes.clone())),
+            cohort: Arc::new(Cohort::passing_on(cx.tenure_mean.clone())),
             cx,
             tenure: Duration::ZERO,
         }
@@ -480,7 +480,7 @@ impl Locks {
             newest_fence: self.cx.newest_fence.clone(),
             quorum_outages: self.cx.quorum_outages.clone(),
             fence_block: self.cx.fence_block,
-            passes: Arc::default(),
+            tenure_mean: Arc::default(),
         };
         Self::listening(cx, self.mode).with_tenure(self.tenure)
     }
@@ -827,9 +827,9 @@ impl Locks {
             let handed = self.handed_lease(lock, owner, &grant, renewal.as_ref());
             let acquired = Instant::now();
             let waited = (grant.handed && grant.behind.is_some()).then(|| acquired - since);
-            let (quantum, cap) = self
-                .cohort
-                .allot(self.tenure, grant.behind, waited, grant.passes);
+            let (quantum, cap) =
+                self.cohort
+                    .allot(self.tenure, grant.behind, waited, grant.tenure_mean);
             self.cohort.began(lock, acquired, quantum);
             let tenure = Tenure {
                 lock,

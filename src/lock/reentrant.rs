@@ -26,7 +26,8 @@ impl RedisLockOps for Reentrant {
     }
 
     async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
-        let unlock = &scripts::unlock_reentrant(&cx.store.keys, owner, millis(cx.ttl), cx.passes());
+        let unlock =
+            &scripts::unlock_reentrant(&cx.store.keys, owner, millis(cx.ttl), cx.tenure_mean());
         let left: i64 = cx
             .store
             .call(|mut c| async move { unlock.invoke_async(&mut c).await })

@@ -272,7 +272,7 @@ impl Waiter {
                         fence_to,
                         handed: false,
                         leased_from: sent,
-                        passes: None,
+                        tenure_mean: None,
                     }));
                 }
                 Attempt::Busy { retry_in } => retry_in,
@@ -301,7 +301,7 @@ impl Waiter {
                     handed: true,
                     // The release wrote it for the entry this wait's first attempt made.
                     leased_from: started,
-                    passes: handed.as_ref().and_then(|h| h.passes),
+                    tenure_mean: handed.as_ref().and_then(|h| h.tenure_mean),
                 }));
             }
             phase = Phase::Wait;
@@ -369,7 +369,7 @@ impl Waiter {
                     fence_to,
                     handed: false,
                     leased_from: sent,
-                    passes: None,
+                    tenure_mean: None,
                 }));
             }
             Attempt::Busy { retry_in } => retry_in,
