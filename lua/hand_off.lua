@@ -17,7 +17,8 @@ local HANDED_LEASE_MS = 1000
 -- (src/lock/cohort.rs, next_mean).
 local function hand_off(lock, fence, queue, entries, inboxes, passes)
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local now = math.floor(now_us / 1000)
   while true do
     local first = redis.call('ZPOPMIN', queue)
     if #first == 0 then
@@ -61,11 +62,27 @@ local function hand_off(lock, fence, queue, entries, inboxes, passes)
         if still_listed then
           behind = behind - 1
         end
+        -- How long the next in line has waited already, in milliseconds: the new holder
+        -- ends its tenure early rather than let that wait run past its bound
+        -- (src/lock/cohort.rs, LONGEST_WAIT). The round the holders size their tenures by is
+        -- measured a round late; this is measured now, so a turn that comes late is caught
+        -- at the next one. 0 when nobody is next, when the next entry is past its deadline
+        -- (the next release skips it), or is the new holder's own instance's (served
+        -- within its tenure).
+        local next_waited = 0
+        local head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+        if #head == 2 then
+          local next_entry = redis.call('HGET', entries, head[1]) or ''
+          local valid, next_inbox = string.match(next_entry, '^(%d+)|(.+)|%a+|%d+|%d+|%d+$')
+          if valid and tonumber(valid) > now and next_inbox ~= inbox then
+            next_waited = math.max(0, math.floor((now_us - tonumber(head[2])) / 1000))
+          end
+        end
         -- %d, not `..`: Lua writes a number past 14 digits as 1.7961764366741e+15, and
         -- tokens start from the clock in microseconds (fence_floor.lua).
         redis.call('RPUSH', inbox,
-          string.format('%d|%d|%d|%d|', behind, token, last, tonumber(passes) or 0)
-            .. shape .. '|' .. who)
+          string.format('%d|%d|%d|%d|%d|', behind, token, last, tonumber(passes) or 0,
+            next_waited) .. shape .. '|' .. who)
         redis.call('PEXPIRE', inbox, lease)
         return true
       end

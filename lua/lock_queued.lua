@@ -1,10 +1,12 @@
 -- Take the lock, or join its FIFO queue of waiters, in one step (`LOCK_WAIT=notify`, the
 -- strategies whose release hands the lock over: lua-release, reentrant, watchdog, fenced).
 -- A release hands the lock to the first live waiter (see hand_off.lua):
--- it writes the lock for that waiter and pushes '<behind>|<token>|<last>|<shape>|<owner>'
--- onto the waiter's instance's inbox list, so the woken waiter already holds the lock
--- (<behind>: how many other instances still have waiters queued; <token>..<last>: the
--- fencing tokens drawn for it, 0|0 unless fenced).
+-- it writes the lock for that waiter and pushes
+-- '<behind>|<token>|<last>|<passes>|<next_waited>|<shape>|<owner>' onto the waiter's
+-- instance's inbox list, so the woken waiter already holds the lock (<behind>: how many
+-- other instances still have waiters queued; <token>..<last>: the fencing tokens drawn for
+-- it, 0|0 unless fenced; <passes>: the mean of critical sections per tenure; <next_waited>:
+-- how long the next in line has waited, in ms).
 -- A waiter's entry carries a deadline that the waiter refreshes while it waits; a release
 -- skips entries past their deadline, so a waiter that died stalls nobody.
 -- KEYS[1]: the lock key (a string for shape 'string', a hash owner -> count otherwise)
@@ -84,13 +86,11 @@ if phase ~= 'try' and mine and not queued then
   for _, message in ipairs(redis.call('LRANGE', KEYS[5], 0, -1)) do
     local head = #message > #tail and string.sub(message, -#tail) == tail
       and string.sub(message, 1, #message - #tail)
-    -- 'behind|token|last|passes' (hand_off.lua), or without passes from an older release.
+    -- 'behind|token|last|passes|next_waited' (hand_off.lua), or fewer numbers after `last`
+    -- from an older release.
     local token, last = nil, nil
     if head then
-      token, last = string.match(head, '^%d+|(%d+)|(%d+)|%d+$')
-      if not token then
-        token, last = string.match(head, '^%d+|(%d+)|(%d+)$')
-      end
+      token, last = string.match(head, '^%d+|(%d+)|(%d+)[|%d]*$')
     end
     if token then
       redis.call('LREM', KEYS[5], 1, message)

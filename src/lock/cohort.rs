@@ -8,7 +8,8 @@
 //! critical section costs only its own reads and writes. Fairness moves from one critical
 //! section to one tenure: instances still take turns in the Redis queue's arrival order,
 //! each for at most [`QUANTUM`] (plus the critical section running when it ends), so a waiter
-//! behind N instances waits about N tenures. While other instances wait, a tenure also
+//! behind N instances waits about N tenures, and a tenure ends early rather than keep the
+//! next in line waiting past [`LONGEST_WAIT`]. While other instances wait, a tenure also
 //! begins at most a fifth more critical sections than tenures get through on average, a
 //! mean the release passes on to the next holder with the lock ([`next_mean`]), so that
 //! instances share the lock by critical sections as well as by time.
@@ -86,6 +87,34 @@ const TARGET_WAIT: Duration = Duration::from_millis(80);
 
 /// A tenure shorter than this would end before its second critical section.
 const MIN_QUANTUM: Duration = Duration::from_micros(500);
+
+/// The longest a tenure keeps the next in line waiting, counted from that one's arrival in
+/// the Redis queue: a tenure that begins when the next one has waited nearly this long is cut
+/// short, to its first critical section if need be ([`within_next_wait`]).
+///
+/// Why, beside the round: the round is sized from waits measured a round late, by each
+/// instance for itself, so when hand-offs slow down all at once (a machine whose other
+/// tenants wake up) every tenure of that round is still long, and the waits of its end ran
+/// 20-30 ms past the target (up to 122 ms at 64 instances, with a p99 of 88). The release
+/// reads how long the next one has waited in the same step that hands the lock over
+/// (`hand_off.lua`), so each tenure sees the lateness of the turn it delays. Above
+/// [`TARGET_WAIT`], so that it cuts only the turns the round let run long, and never the
+/// tenures the round has sized.
+const LONGEST_WAIT: Duration = Duration::from_millis(90);
+
+/// What the next in line waits besides this tenure: its release, and its own wake-up.
+const HAND_OFF_ALLOWANCE: Duration = Duration::from_millis(2);
+
+/// A tenure's `quantum` when the next in line has waited `next_waited` already: no longer
+/// than leaves that wait within [`LONGEST_WAIT`] (zero: the first critical section only).
+pub(super) fn within_next_wait(quantum: Duration, next_waited: Option<Duration>) -> Duration {
+    match next_waited {
+        Some(waited) => {
+            quantum.min(LONGEST_WAIT.saturating_sub(waited.saturating_add(HAND_OFF_ALLOWANCE)))
+        }
+        None => quantum,
+    }
+}
 
 /// How long a tenure lasts that began with `behind` other instances waiting (unknown: as
 /// if none), for a round of `round`.
@@ -437,13 +466,15 @@ impl Cohort {
     /// How long the tenure of a sale that took the lock in Redis lasts, with `behind` other
     /// instances waiting, and how many critical sections it begins at most. `waited` is its
     /// wait in the Redis queue when a release handed the lock over, which moves the round,
-    /// and `passed_on` the mean that release passed on ([`next_mean`]).
+    /// `passed_on` the mean that release passed on ([`next_mean`]), and `next_waited` how
+    /// long the next in line had waited then ([`within_next_wait`]).
     pub fn allot(
         &self,
         longest: Duration,
         behind: Option<u64>,
         waited: Option<Duration>,
         passed_on: Option<u32>,
+        next_waited: Option<Duration>,
     ) -> (Duration, Option<u16>) {
         let round = match self.state.lock() {
             Ok(mut state) => {
@@ -455,8 +486,11 @@ impl Cohort {
             }
             Err(_) => ROUND,
         };
-        let quantum = quantum(round, longest, behind);
-        if behind.unwrap_or(0) == 0 {
+        let sized = quantum(round, longest, behind);
+        let quantum = within_next_wait(sized, next_waited);
+        // A tenure cut short for a late turn says nothing of what tenures get through: no
+        // cap, which also keeps it out of the mean (its quantum bounds it anyway).
+        if behind.unwrap_or(0) == 0 || quantum < sized {
             return (quantum, None);
         }
         // The mean passed on is this instance's from now on, and the one its releases pass on.
@@ -892,20 +926,62 @@ mod tests {
         let cohort = Cohort::passing_on(passes.clone());
         let longest = Duration::from_millis(5);
         let waited = Some(Duration::from_millis(10));
-        let (_, cap) = cohort.allot(longest, Some(3), waited, None);
+        let (_, cap) = cohort.allot(longest, Some(3), waited, None, None);
         assert_eq!(cap, None, "no mean yet");
-        let (_, cap) = cohort.allot(longest, Some(3), waited, Some(10 * 256));
+        let (_, cap) = cohort.allot(longest, Some(3), waited, Some(10 * 256), None);
         assert_eq!(cap, Some(12), "120% of the mean passed on");
         assert_eq!(
             passes.load(Ordering::Relaxed),
             10 * 256,
             "and passed on in turn"
         );
-        let (_, cap) = cohort.allot(longest, Some(0), waited, Some(20 * 256));
+        let (_, cap) = cohort.allot(longest, Some(0), waited, Some(20 * 256), None);
         assert_eq!(cap, None, "nobody else waits");
         passes.store(5 * 256, Ordering::Relaxed);
-        let (_, cap) = cohort.allot(longest, Some(3), waited, None);
+        let (_, cap) = cohort.allot(longest, Some(3), waited, None, None);
         assert_eq!(cap, Some(6), "its own when none is passed on");
+    }
+
+    /// A turn that comes late is caught at the tenure that would delay it further: that
+    /// tenure ends early enough for the next in line to wait no longer than the bound, at its
+    /// first critical section if the bound is near, and stays out of the mean.
+    #[test]
+    fn a_tenure_ends_early_when_the_next_in_line_has_waited_long() {
+        let q = Duration::from_millis(5);
+        assert_eq!(within_next_wait(q, None), q);
+        assert_eq!(within_next_wait(q, Some(Duration::from_millis(20))), q);
+        assert_eq!(
+            within_next_wait(
+                q,
+                Some(LONGEST_WAIT - HAND_OFF_ALLOWANCE - Duration::from_millis(3))
+            ),
+            Duration::from_millis(3)
+        );
+        assert_eq!(within_next_wait(q, Some(LONGEST_WAIT)), Duration::ZERO);
+        assert_eq!(within_next_wait(q, Some(Duration::MAX)), Duration::ZERO);
+
+        let cohort = Cohort::passing_on(Arc::new(AtomicU32::new(10 * 256)));
+        let longest = Duration::from_millis(5);
+        let (sized, cap) =
+            cohort.allot(longest, Some(3), None, None, Some(Duration::from_millis(9)));
+        assert!(sized > Duration::ZERO);
+        assert_eq!(cap, Some(12), "an early turn changes nothing");
+        let (cut, cap) = cohort.allot(longest, Some(3), None, None, Some(LONGEST_WAIT));
+        assert_eq!(
+            (cut, cap),
+            (Duration::ZERO, None),
+            "a late one: its first section alone"
+        );
+        let mut t = tenure(Instant::now());
+        t.quantum = cut;
+        t.passes = 1;
+        assert!(!t.can_pass());
+        assert!(matches!(cohort.pass(t), Passed::Over(_)));
+        assert_eq!(
+            cohort.mean.load(Ordering::Relaxed),
+            10 * 256,
+            "the mean unmoved"
+        );
     }
 
     /// A tenure moves the mean it passes on only when others waited for it (it had a cap),

@@ -171,17 +171,19 @@ pub(super) async fn try_acquire(
     Ok(attempt)
 }
 
-/// A hand-off message: `<behind>|<token>|<last>|<passes>|<shape>|<owner>`, `behind` being
-/// how many waiters were still queued after this one, `token..=last` the fencing tokens
-/// drawn for the new holder (its own, then those of the sales its tenure passes the lock
-/// to), and `passes` the releasing instance's number of critical sections per tenure, in
-/// 256ths (0: none; absent in the messages of an instance that does not pass it on). The
-/// owner comes last: it is the only part that may itself hold a `|`.
+/// A hand-off message: `<behind>|<token>|<last>|<passes>|<next_waited>|<shape>|<owner>`,
+/// `behind` being how many waiters were still queued after this one, `token..=last` the
+/// fencing tokens drawn for the new holder (its own, then those of the sales its tenure
+/// passes the lock to), `passes` the releasing instance's number of critical sections per
+/// tenure, in 256ths (0: none), and `next_waited` how long the next in line had waited, in
+/// milliseconds (0: nobody). The two last numbers are absent in the messages of older
+/// releases. The owner comes last: it is the only part that may itself hold a `|`.
 pub(crate) struct Handed<'a> {
     pub behind: u64,
     pub token: u64,
     pub last: u64,
     pub tenure_mean: Option<u32>,
+    pub next_waited: Option<Duration>,
     pub shape: &'a str,
     pub owner: &'a str,
 }
@@ -194,23 +196,27 @@ impl<'a> Handed<'a> {
             rest = tail;
             Some(head)
         };
-        let mut number = || field()?.parse::<u64>().ok();
-        let (behind, token, last) = (number()?, number()?, number()?);
-        // A shape is a word, never a number: one written before `passes` was reads on.
-        let (passes, shape) = match field()? {
-            passes if passes.bytes().all(|b| b.is_ascii_digit()) => {
-                (passes.parse::<u32>().ok().filter(|p| *p > 0), field()?)
+        // Numbers up to the shape, which is a word: three, four or five of them.
+        let mut numbers = [0u64; 5];
+        let mut count = 0;
+        let shape = loop {
+            let f = field()?;
+            if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) {
+                break f;
             }
-            shape => (None, shape),
+            *numbers.get_mut(count)? = f.parse().ok()?;
+            count += 1;
         };
-        if shape.is_empty() || rest.is_empty() {
+        if count < 3 || shape.is_empty() || rest.is_empty() {
             return None;
         }
+        let [behind, token, last, passes, next_waited] = numbers;
         Some(Self {
             behind,
             token,
             last,
-            tenure_mean: passes,
+            tenure_mean: u32::try_from(passes).ok().filter(|p| *p > 0),
+            next_waited: (next_waited > 0).then(|| Duration::from_millis(next_waited)),
             shape,
             owner: rest,
         })
@@ -248,22 +254,41 @@ mod tests {
 
     #[test]
     fn a_hand_off_message_reads_back() {
-        let handed = Handed::parse("3|7|22|3840|fenced|host:1:order|x").expect("parses");
+        let handed = Handed::parse("3|7|22|3840|61|fenced|host:1:order|x").expect("parses");
         assert_eq!(handed.behind, 3);
         assert_eq!(handed.token, 7);
         assert_eq!(handed.tenure_mean, Some(3840));
+        assert_eq!(handed.next_waited, Some(Duration::from_millis(61)));
         assert_eq!(handed.shape, "fenced");
         assert_eq!(handed.owner, "host:1:order|x");
         assert_eq!(handed.fence(), Some(7));
         assert_eq!(handed.fence_to(), Some(22));
-        let unfenced = Handed::parse("0|0|0|0|string|a").expect("parses");
+        let unfenced = Handed::parse("0|0|0|0|0|string|a").expect("parses");
         assert_eq!((unfenced.fence(), unfenced.fence_to()), (None, None));
-        assert_eq!(unfenced.tenure_mean, None, "0 passes on nothing");
-        // From an instance that does not pass a number on.
+        assert_eq!(
+            (unfenced.tenure_mean, unfenced.next_waited),
+            (None, None),
+            "0 passes on nothing"
+        );
+        // From older releases: without the next one's wait, and without the mean either.
+        let old = Handed::parse("3|7|22|3840|fenced|9|x").expect("parses");
+        assert_eq!(
+            (old.tenure_mean, old.next_waited, old.shape, old.owner),
+            (Some(3840), None, "fenced", "9|x")
+        );
         let older = Handed::parse("3|7|22|fenced|9|x").expect("parses");
         assert_eq!(
-            (older.tenure_mean, older.shape, older.owner),
-            (None, "fenced", "9|x")
+            (
+                older.tenure_mean,
+                older.next_waited,
+                older.shape,
+                older.owner
+            ),
+            (None, None, "fenced", "9|x")
+        );
+        assert!(
+            Handed::parse("1|2|3|4|5|6|fenced|a").is_none(),
+            "at most five numbers"
         );
         assert!(Handed::parse("1|2|3|4|fenced|").is_none(), "an owner");
         assert!(Handed::parse("1|2|3|4||a").is_none(), "a shape");

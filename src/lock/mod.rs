@@ -126,6 +126,8 @@ pub struct Grant {
     /// The critical sections per tenure the release that handed the lock over passed on,
     /// in 256ths.
     pub tenure_mean: Option<u32>,
+    /// How long the next in line had waited when the release handed the lock over.
+    pub next_waited: Option<Duration>,
 }
 
 impl Grant {
@@ -827,9 +829,13 @@ impl Locks {
             let handed = self.handed_lease(lock, owner, &grant, renewal.as_ref());
             let acquired = Instant::now();
             let waited = (grant.handed && grant.behind.is_some()).then(|| acquired - since);
-            let (quantum, cap) =
-                self.cohort
-                    .allot(self.tenure, grant.behind, waited, grant.tenure_mean);
+            let (quantum, cap) = self.cohort.allot(
+                self.tenure,
+                grant.behind,
+                waited,
+                grant.tenure_mean,
+                grant.next_waited,
+            );
             self.cohort.began(lock, acquired, quantum);
             let tenure = Tenure {
                 lock,

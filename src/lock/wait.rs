@@ -273,6 +273,7 @@ impl Waiter {
                         handed: false,
                         leased_from: sent,
                         tenure_mean: None,
+                        next_waited: None,
                     }));
                 }
                 Attempt::Busy { retry_in } => retry_in,
@@ -302,6 +303,7 @@ impl Waiter {
                     // The release wrote it for the entry this wait's first attempt made.
                     leased_from: started,
                     tenure_mean: handed.as_ref().and_then(|h| h.tenure_mean),
+                    next_waited: handed.as_ref().and_then(|h| h.next_waited),
                 }));
             }
             phase = Phase::Wait;
@@ -370,6 +372,7 @@ impl Waiter {
                     handed: false,
                     leased_from: sent,
                     tenure_mean: None,
+                    next_waited: None,
                 }));
             }
             Attempt::Busy { retry_in } => retry_in,

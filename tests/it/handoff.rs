@@ -59,7 +59,7 @@ async fn a_release_passes_its_number_of_critical_sections_on_with_the_lock() {
         .unwrap();
     assert_eq!(released, 1);
     let to_b: Vec<String> = c.lrange("inbox:b", 0, -1).await.unwrap();
-    assert_eq!(to_b, ["0|0|0|1920|string|b"]);
+    assert_eq!(to_b, ["0|0|0|1920|0|string|b"]);
 
     // A hash lock's release script passes it on the same way.
     let k = Keys::new("002");
@@ -76,7 +76,61 @@ async fn a_release_passes_its_number_of_critical_sections_on_with_the_lock() {
         .unwrap();
     assert_eq!(released, 1);
     let to_d: Vec<String> = c.lrange("inbox:d", 0, -1).await.unwrap();
-    assert_eq!(to_d, ["0|0|0|300|hash|d"]);
+    assert_eq!(to_d, ["0|0|0|300|0|hash|d"]);
+}
+
+/// The wait of the next in line, in milliseconds, as a hand-off message tells it.
+fn next_waited(message: &str) -> u64 {
+    let numbers: Vec<&str> = message.split('|').take(5).collect();
+    numbers[4]
+        .parse()
+        .unwrap_or_else(|_| panic!("five numbers first: {message}"))
+}
+
+/// A hand-off tells the new holder how long the next instance in line has waited (its tenure
+/// ends early when that wait nears its bound): measured from that waiter's arrival in the
+/// queue, by Redis's clock, at the hand-off; 0 when nobody is next, when the next entry is
+/// past its deadline, or when it is the new holder's own instance's.
+#[tokio::test]
+async fn a_hand_off_says_how_long_the_next_in_line_has_waited() {
+    let redis = RedisServer::start().await;
+    let mut c = redis.conn().await;
+    let k = Keys::new("001");
+    assert_eq!(attempt(&mut c, &k, "a", "inbox:a", "try", 1000).await.0, 1);
+    assert_eq!(attempt(&mut c, &k, "b", "inbox:x", "try", 5000).await.0, 0);
+    let queued = Instant::now();
+    assert_eq!(attempt(&mut c, &k, "c", "inbox:y", "try", 5000).await.0, 0);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(release(&mut c, &k, "a").await, 1);
+    let bound = queued.elapsed().as_millis() as u64;
+    let to_x: Vec<String> = c.lrange("inbox:x", 0, -1).await.unwrap();
+    let waited = next_waited(&to_x[0]);
+    assert!(
+        (60..=bound).contains(&waited),
+        "c waited {waited} ms (at least 60, at most {bound}): {to_x:?}"
+    );
+    attempt(&mut c, &k, "b", "inbox:x", "wait", 5000).await;
+    assert_eq!(release(&mut c, &k, "b").await, 1);
+    let to_y: Vec<String> = c.lrange("inbox:y", 0, -1).await.unwrap();
+    assert_eq!(next_waited(&to_y[0]), 0, "nobody after c: {to_y:?}");
+    attempt(&mut c, &k, "c", "inbox:y", "wait", 5000).await;
+
+    // The next entry is past its deadline: its wait means nothing, the next release skips it.
+    assert_eq!(attempt(&mut c, &k, "d", "inbox:z", "try", 5000).await.0, 0);
+    assert_eq!(attempt(&mut c, &k, "e", "inbox:w", "try", 30).await.0, 0);
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert_eq!(release(&mut c, &k, "c").await, 1);
+    let to_z: Vec<String> = c.lrange("inbox:z", 0, -1).await.unwrap();
+    assert_eq!(next_waited(&to_z[0]), 0, "e's entry ran out: {to_z:?}");
+    attempt(&mut c, &k, "d", "inbox:z", "wait", 5000).await;
+
+    // The next entry is the new holder's own instance's: served within its tenure.
+    assert_eq!(attempt(&mut c, &k, "f", "inbox:v", "try", 5000).await.0, 0);
+    assert_eq!(attempt(&mut c, &k, "g", "inbox:v", "try", 5000).await.0, 0);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(release(&mut c, &k, "d").await, 1);
+    let to_v: Vec<String> = c.lrange("inbox:v", 0, -1).await.unwrap();
+    assert_eq!(next_waited(&to_v[0]), 0, "g is v's own: {to_v:?}");
 }
 
 #[tokio::test]
@@ -97,7 +151,7 @@ async fn a_waiter_that_dies_while_queued_does_not_stall_the_next_one() {
     let to_c: Vec<String> = c.lrange("inbox:c", 0, -1).await.unwrap();
     assert_eq!(
         to_c,
-        ["0|0|0|0|string|c"],
+        ["0|0|0|0|0|string|c"],
         "nobody behind c, token 0 (unfenced), c"
     );
     let to_b: i64 = c.llen("inbox:b").await.unwrap();
@@ -137,7 +191,13 @@ async fn a_hand_off_counts_the_other_instances_waiting_and_is_taken_back_whateve
     );
     assert_eq!(release(&mut c, &k, "a").await, 1);
     let to_x: Vec<String> = c.lrange("inbox:x", 0, -1).await.unwrap();
-    assert_eq!(to_x, ["1|0|0|0|string|b"], "only y waits besides x");
+    let [to_x] = to_x.as_slice() else {
+        panic!("one message: {to_x:?}")
+    };
+    assert!(
+        to_x.starts_with("1|0|0|0|") && to_x.ends_with("|string|b"),
+        "only y waits besides x: {to_x}"
+    );
     assert_eq!(
         attempt(&mut c, &k, "b", "inbox:x", "wait", 5000).await,
         (1, 0)
@@ -147,7 +207,7 @@ async fn a_hand_off_counts_the_other_instances_waiting_and_is_taken_back_whateve
     let to_y: Vec<String> = c.lrange("inbox:y", 0, -1).await.unwrap();
     assert_eq!(
         to_y,
-        ["0|0|0|0|string|c"],
+        ["0|0|0|0|0|string|c"],
         "d is y's own: nobody else waits"
     );
     assert_eq!(
