@@ -1086,6 +1086,83 @@ async fn attack_no_method_or_path_spelling_but_get_and_post_on_the_sale_sells() 
     assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
 
+/// nginx picks its location by the path it has decoded and cleaned up (`%2F` made a slash,
+/// `..` resolved, `//` merged), so odd spellings of a path land in the sale's location; what
+/// it sends on must still be the path the client wrote, for a GET as for a POST, or a URL
+/// naming one item (or none) would buy the default one. Every spelling below is answered
+/// through nginx exactly as the instance answers it directly, and none sells.
+#[tokio::test(flavor = "multi_thread")]
+async fn attack_odd_spellings_of_a_sale_path_are_answered_through_nginx_as_by_the_instance() {
+    let stack = Stack::start(|b| b).await;
+    let app = &stack.cluster.instances[0];
+    app.reset(5).await;
+    let stocked = app
+        .send(
+            reqwest::Client::new()
+                .put(app.url("/inventory/sku2"))
+                .header("content-type", "application/json")
+                .body(r#"{"stock": 5}"#),
+        )
+        .await;
+    assert_eq!(stocked.status, 200, "{stocked:?}");
+    let before = stack.cluster.redis.snapshot().await;
+    let paths = [
+        "/inventory/sku2%2F..%2F001/sale",
+        "/inventory/sku2%2f..%2fsale",
+        "/inventory/001%2Fsale",
+        "/inventory/sku2/%2E%2E/001/sale",
+        "/inventory/sku2/../001/sale",
+        "/inventory/sku2/../sale",
+        "/inventory/x/../sale",
+        "/inventory//sale",
+        "//inventory/sale",
+        "/inventory/./sale",
+        "/inventory/%73ale",
+        "/inventory/sku2/%73ale",
+    ];
+    let mut differ = Vec::new();
+    for path in paths {
+        for method in ["GET", "POST"] {
+            let request = format!(
+                "{method} {path}?strategy=atomic HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\
+                 Connection: close\r\n\r\n"
+            );
+            let (direct, _, _) = raw(app.port, request.as_bytes(), Duration::from_secs(3)).await;
+            let (proxied, _, body) =
+                raw(stack.nginx.port, request.as_bytes(), Duration::from_secs(3)).await;
+            if direct != proxied || direct == 200 {
+                differ.push(format!(
+                    "{method} {path}: {direct} directly, {proxied} through nginx ({body:?})"
+                ));
+            }
+        }
+    }
+    let after = stack.cluster.redis.snapshot().await;
+    assert_eq!(before, after, "an odd spelling sold: {differ:?}");
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    // The path itself still sells through nginx, by either method, and so does an item
+    // spelled with percent-escapes of its own characters (the same URL, RFC 3986): the
+    // instance decodes it, and nginx leaves that to the instance.
+    for path in ["/inventory/sku2/sale", "/inventory/%73ku2/sale"] {
+        for method in ["GET", "POST"] {
+            let request = format!(
+                "{method} {path}?strategy=atomic HTTP/1.1\r\nHost: x\r\n\
+                 Content-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let (status, _, body) =
+                raw(stack.nginx.port, request.as_bytes(), Duration::from_secs(3)).await;
+            assert_eq!(status, 200, "{method} {path}: {body}");
+        }
+    }
+    let sku2 = stack.get("/inventory/sku2/audit").await;
+    assert_eq!(sku2.body["sales"], 4, "{sku2:?}");
+    assert_eq!(
+        app.audit().await["sales"],
+        0,
+        "the default item sold nothing"
+    );
+}
+
 // ------------------------------------------------------------------------------------------
 // Fencing under nesting, mixed strategies and resets.
 // ------------------------------------------------------------------------------------------
