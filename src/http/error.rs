@@ -419,11 +419,22 @@ impl IntoResponse for ApiError {
             message,
         };
         let mut response = (status, Json(body)).into_response();
-        if let ApiError::Sale(SaleError::SoldOut { replayed: true }) = &self {
-            response.headers_mut().insert(
-                super::inventory::REPLAYED,
-                axum::http::HeaderValue::from_static("true"),
-            );
+        match &self {
+            ApiError::Sale(SaleError::SoldOut { replayed: true }) => {
+                response.headers_mut().insert(
+                    super::inventory::REPLAYED,
+                    axum::http::HeaderValue::from_static("true"),
+                );
+            }
+            // A 401 names the scheme it wants (RFC 9110, 11.6.1), so that a client can tell
+            // "send a bearer token" from "you may not".
+            ApiError::Unauthorized => {
+                response.headers_mut().insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static(r#"Bearer realm="inventory admin""#),
+                );
+            }
+            _ => {}
         }
         if let Some(failure) = failure {
             response.extensions_mut().insert(Failure(failure));

@@ -589,6 +589,7 @@ fn shown(text: &str) -> String {
         (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
         (status = 408, description = "The body did not arrive within `HEADER_TIMEOUT_MS`: nothing changed", body = ErrorBody),
         (status = 401, description = "Wrong or missing admin token", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"inventory admin\"`: the scheme to send")),
             example = json!({"error": "unauthorized", "message": "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`"})),
         (status = 503, description = "Redis did not answer", body = ErrorBody),
     )
@@ -621,6 +622,7 @@ async fn reset_inventory(
         (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
         (status = 408, description = "The body did not arrive within `HEADER_TIMEOUT_MS`: nothing changed", body = ErrorBody),
         (status = 401, description = "Wrong or missing admin token", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"inventory admin\"`: the scheme to send")),
             example = json!({"error": "unauthorized", "message": "this endpoint needs the header `Authorization: Bearer <ADMIN_TOKEN>`"})),
         (status = 503, description = "Redis did not answer", body = ErrorBody),
     )

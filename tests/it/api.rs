@@ -243,6 +243,12 @@ async fn reset_needs_the_admin_token_when_one_is_set() {
             (401, "unauthorized"),
             "{token:?}"
         );
+        // Every 401 says which scheme it wants (RFC 9110).
+        let challenge = reply.headers.get("www-authenticate");
+        assert!(
+            challenge.is_some_and(|c| c.as_bytes().starts_with(b"Bearer ")),
+            "{token:?}: {challenge:?}"
+        );
     }
     // Two `Authorization` headers are refused, even when one of them is right.
     let http = reqwest::Client::new();
