@@ -11,7 +11,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Request;
-use axum::http::{HeaderName, HeaderValue};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::set_header::SetResponseHeaderLayer;
@@ -172,7 +173,18 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
                 )
             }),
         )
-        .merge(SwaggerUi::new("/swagger-ui").url("/api-docs/openapi.json", api))
+        .merge(
+            Router::from(SwaggerUi::new("/swagger-ui").url("/api-docs/openapi.json", api))
+                // The UI's file server answers a name it has no file for with a bare 404,
+                // neither JSON nor the contract's shape.
+                .layer(axum::middleware::map_response(|response: Response| async move {
+                    if response.status() == StatusCode::NOT_FOUND {
+                        ApiError::NotFound.into_response()
+                    } else {
+                        response
+                    }
+                })),
+        )
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(Arc::new(state))

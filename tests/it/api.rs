@@ -339,8 +339,23 @@ async fn every_response_names_the_instance_and_errors_are_json() {
         let reply = app.get(path).await;
         assert_eq!(reply.instance.as_deref(), Some("app1"), "{path}");
     }
-    let missing = app.get("/nowhere").await;
-    assert_eq!((missing.status, missing.error_code()), (404, "not_found"));
+    // Every path nothing answers is the contract's 404, under the UI's own prefix too (its
+    // file server's own 404 was empty), while the UI's files are still served.
+    for path in [
+        "/nowhere",
+        "/swagger-ui/nope",
+        "/swagger-ui/nope/deeper.js",
+        "/api-docs/nope.json",
+    ] {
+        let missing = app.get(path).await;
+        assert_eq!(
+            (missing.status, missing.error_code()),
+            (404, "not_found"),
+            "{path}: {missing:?}"
+        );
+    }
+    let script = app.get("/swagger-ui/swagger-ui-bundle.js").await;
+    assert_eq!(script.status, 200, "{:?}", script.headers);
 
     // A client's X-Request-Id is sent back when it is one short visible token; anything else
     // (8 KB of it, spaces, two of them) is replaced by one of the instance's own.
