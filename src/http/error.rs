@@ -368,6 +368,15 @@ fn redis_parts(e: &RedisError, effect: Effect) -> (StatusCode, &'static str, Str
                 effect.refused()
             ),
         )
+    } else if let Some(why) = crate::lock::redlock::lock_nodes_failure(e) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "redis_unavailable",
+            format!(
+                "{why}{}; retry once enough of them answer again",
+                effect.refused()
+            ),
+        )
     } else if let Some(why) = crate::store::write_refusal(e) {
         (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -139,11 +139,11 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
         })
         .collect();
     let answered = lock_nodes.iter().filter(|n| n.ok).count();
-    if !nodes.is_empty()
-        && answered < crate::lock::redlock::quorum(nodes.len())
-        && let Some(Err(e)) = answers.into_iter().find(Result::is_err)
-    {
-        return Err(e.into());
+    if !nodes.is_empty() && answered < crate::lock::redlock::quorum(nodes.len()) {
+        if let Some(Err(e)) = answers.into_iter().find(Result::is_err) {
+            tracing::debug!(error = %e, "lock nodes down");
+        }
+        return Err(crate::lock::redlock::quorum_lost(nodes.len() - answered, nodes.len()).into());
     }
     Ok(Json(Status {
         status: "ready".into(),

@@ -231,6 +231,29 @@ pub(super) fn is_majority_unanswered(e: &RedisError) -> bool {
     e.is_timeout() && e.to_string().contains(MAJORITY_UNANSWERED)
 }
 
+/// Fewer lock nodes up than a quorum needs (`down` of `n` refused or dropped the
+/// connection): nobody can win until enough are back. Still a refusal to the code that
+/// handles it (nothing was sent to a node that is down), but worded so that the answer names
+/// the lock nodes, not the stock's Redis, which may be fine.
+pub(crate) fn quorum_lost(down: usize, n: usize) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        format!(
+            "{down} of the {n} {QUORUM_LOST}, and a quorum lock needs {} of them",
+            quorum(n)
+        ),
+    ))
+}
+
+const QUORUM_LOST: &str = "lock nodes (LOCK_NODES) refused or dropped the connection";
+
+/// What a client is told when `e` is about the lock nodes rather than the stock's Redis:
+/// too few of them up, or too few answering in time.
+pub(crate) fn lock_nodes_failure(e: &RedisError) -> Option<String> {
+    let text = e.to_string();
+    (text.contains(QUORUM_LOST) || text.contains(MAJORITY_UNANSWERED)).then_some(text)
+}
+
 fn not_configured() -> RedisError {
     RedisError::from((
         ErrorKind::Client,
@@ -331,7 +354,10 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
     join_all(give_back.map(|node| unlock_on(node, owner, node_timeout(cx.ttl)))).await;
     if n - down < quorum(n) {
         // Too few nodes are up for any acquirer to win: fail fast (503), don't wait.
-        return Err(first_error.unwrap_or_else(not_configured));
+        if let Some(e) = first_error {
+            tracing::debug!(error = %e, down, nodes = n, "lock nodes down");
+        }
+        return Err(quorum_lost(down, n));
     }
     if granted + busy + late < quorum(n) {
         // Up, but too few answered in time for anyone to win this round: slow nodes, or

@@ -37,7 +37,8 @@ pub(crate) async fn with_three_nodes(
 }
 
 /// A quorum sale no acquirer could win: 503 `redis_unavailable` within `bound`, not after
-/// the 10 s wait budget.
+/// the 10 s wait budget, and saying that the lock nodes are the cause (the stock's Redis
+/// answers) and that nothing was sold.
 async fn refused_soon(app: &Instance, strategy: &str, bound: Duration) {
     let sale = app.sale(&format!("strategy={strategy}")).await;
     assert_eq!(
@@ -46,6 +47,11 @@ async fn refused_soon(app: &Instance, strategy: &str, bound: Duration) {
         "{strategy}: {sale:?}"
     );
     assert!(sale.elapsed < bound, "{strategy}: {sale:?}");
+    let message = sale.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("lock nodes") && message.contains("nothing was sold"),
+        "{strategy}: {message}"
+    );
 }
 
 fn node_states(ready: &Value) -> Vec<bool> {
@@ -100,7 +106,13 @@ async fn the_quorum_lock_sells_with_one_node_of_three_down_and_fails_fast_withou
     for strategy in QUORUM_STRATEGIES {
         refused_soon(&app, strategy, Duration::from_secs(2)).await;
     }
-    assert_eq!(app.get("/ready").await.status, 503);
+    let ready = app.get("/ready").await;
+    assert_eq!(ready.status, 503, "{ready:?}");
+    let message = ready.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("2 of the 3 lock nodes") && message.contains("needs 2"),
+        "/ready names the lock nodes, not the stock's Redis: {message}"
+    );
     // The other strategies do not depend on the lock nodes.
     assert_eq!(app.sale("strategy=fenced").await.status, 200);
 
