@@ -1,11 +1,14 @@
 //! Wiring: from a [`Config`] to a running server.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::Context;
 use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -134,7 +137,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // reads a first byte before any timer runs, so a client that connects and sends
     // nothing would be kept forever.
     let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
+    http.timer(SettledTimer)
         .header_read_timeout(config.header_timeout());
     let connections = Arc::new(Semaphore::new(config.max_connections as usize));
     let graceful = GracefulShutdown::new();
@@ -186,6 +189,76 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     items.close().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// hyper's timer (its only one here is the request-header deadline, which also ends idle
+/// keep-alive connections), with deadlines that fire only once the runtime has looked for
+/// I/O after they passed.
+///
+/// Why: a process stopped past a deadline (`SIGSTOP`, a debugger, a frozen VM) resumes with
+/// its `epoll_wait` interrupted, reporting nothing (Linux never restarts it after a stop,
+/// see signal(7)), and the runtime then fires every timer due before it has seen the
+/// requests that arrived during the stop. hyper found its header deadline passed and the
+/// request not read, and closed connections that held a whole request: after a pause of
+/// more than HEADER_TIMEOUT_MS, the sales nginx had sent to the paused instance came back as
+/// 502, never read, while a shorter pause served them all. Waiting [`SETTLE`] more once the
+/// deadline has passed makes the runtime wait in `epoll_wait` again first, which reports what
+/// arrived; a client that really sent nothing is closed that much later.
+#[derive(Clone, Copy, Debug)]
+struct SettledTimer;
+
+/// How long a passed deadline waits for the runtime to look for I/O once more.
+const SETTLE: Duration = Duration::from_millis(5);
+
+struct SettledSleep {
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    settling: bool,
+}
+
+impl Future for SettledSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        loop {
+            if this.deadline.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if this.settling {
+                return Poll::Ready(());
+            }
+            this.settling = true;
+            let settled = tokio::time::Instant::now() + SETTLE;
+            this.deadline.as_mut().reset(settled);
+        }
+    }
+}
+
+impl hyper::rt::Sleep for SettledSleep {}
+
+impl hyper::rt::Timer for SettledTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep_until(std::time::Instant::now() + duration)
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(SettledSleep {
+            deadline: Box::pin(tokio::time::sleep_until(deadline.into())),
+            settling: false,
+        })
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, deadline: std::time::Instant) {
+        // hyper resets its deadline at every request: reuse the timer entry.
+        match sleep.as_mut().downcast_mut_pin::<SettledSleep>() {
+            Some(settled) => {
+                let settled = settled.get_mut();
+                settled.settling = false;
+                settled.deadline.as_mut().reset(deadline.into());
+            }
+            None => *sleep = self.sleep_until(deadline),
+        }
+    }
 }
 
 /// Says at start-up what is wrong with Redis, when something is: a wrong password fails

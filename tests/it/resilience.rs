@@ -1107,3 +1107,77 @@ async fn the_first_request_after_redis_restarted_behind_an_idle_instance_succeed
         );
     }
 }
+
+/// One response on a kept-alive connection: its status, once its headers and its body (by
+/// Content-Length) are in, or 0 if the connection ended or nothing complete came `within`.
+async fn response_on(stream: &mut tokio::net::TcpStream, within: Duration) -> u16 {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let read = async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        let (name, value) = l.split_once(':')?;
+                        name.eq_ignore_ascii_case("content-length")
+                            .then(|| value.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                if body.len() >= length {
+                    return head.split_whitespace().nth(1).and_then(|s| s.parse().ok());
+                }
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0)
+}
+
+/// A request sent to an instance while it is stopped (`SIGSTOP`, a debugger, a frozen VM)
+/// for longer than its header deadline is served when it resumes, as one sent during a
+/// shorter stop is: the deadline passed while the process could not read, not while the
+/// client kept it waiting (the runtime resumes with its `epoll_wait` interrupted and fired
+/// the deadline before it saw the request, and the connection was reset: a 502 from nginx
+/// for a sale never read). A connection that sent nothing is still closed after the stop.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_sent_during_a_stop_longer_than_the_header_deadline_is_served_on_resume() {
+    use tokio::io::AsyncWriteExt;
+    let cluster = Cluster::start(1, |b| b.env("HEADER_TIMEOUT_MS", 500)).await;
+    let app = &cluster.instances[0];
+    app.reset(5).await;
+    let request =
+        b"POST /inventory/sale?strategy=atomic HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n";
+    let connect = || tokio::net::TcpStream::connect(("127.0.0.1", app.port));
+    let (mut busy, mut idle) = (connect().await.unwrap(), connect().await.unwrap());
+    for stream in [&mut busy, &mut idle] {
+        stream.write_all(request).await.unwrap();
+        assert_eq!(response_on(stream, Duration::from_secs(3)).await, 200);
+    }
+    for round in 0..2 {
+        app.signal("STOP").await;
+        busy.write_all(request).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1_300)).await;
+        app.signal("CONT").await;
+        assert_eq!(
+            response_on(&mut busy, Duration::from_secs(3)).await,
+            200,
+            "round {round}: the sale sent during a 1.3 s stop (header deadline 0.5 s)"
+        );
+    }
+    assert_eq!(
+        response_on(&mut idle, Duration::from_secs(3)).await,
+        0,
+        "the connection that sent nothing is closed"
+    );
+    assert_eq!(app.audit().await["sales"], 4);
+}
