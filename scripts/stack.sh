@@ -326,9 +326,12 @@ start_app() {
 
 start_nginx() {
   mkdir -p "$RUN_DIR/nginx-tmp"
+  # The instances' sale budget (the wait for the lock and the longest work, as they read
+  # them from this environment) and 8 s for their calls to Redis and to spare.
+  local budget_ms=$(( ${LOCK_WAIT_MS:-10000} + ${MAX_WORK_MS:-2000} + 8000 ))
   sed -e "s|@RUN_DIR@|$RUN_DIR|g" -e "s|@CONF_DIR@|$root/nginx|g" \
       -e "s|@NGINX_PORT@|$NGINX_PORT|g" -e "s|@APP1_PORT@|$APP1_PORT|g" \
-      -e "s|@APP2_PORT@|$APP2_PORT|g" \
+      -e "s|@APP2_PORT@|$APP2_PORT|g" -e "s|@PROXY_READ_TIMEOUT@|$(( (budget_ms + 999) / 1000 ))s|g" \
       "$root/nginx/nginx.native.conf.template" >"$RUN_DIR/nginx.conf"
   "$NGINX_BIN" -e "$RUN_DIR/nginx-error.log" -p "$RUN_DIR" -c "$RUN_DIR/nginx.conf"
 }

@@ -45,7 +45,9 @@ impl NginxProcess {
                 .replace("@CONF_DIR@", &conf_dir.display().to_string())
                 .replace("@NGINX_PORT@", &port.to_string())
                 .replace("@APP1_PORT@", &upstreams[0].to_string())
-                .replace("@APP2_PORT@", &upstreams[1].to_string());
+                .replace("@APP2_PORT@", &upstreams[1].to_string())
+                // The instances' default budget, as `make up` computes it (scripts/stack.sh).
+                .replace("@PROXY_READ_TIMEOUT@", "20s");
             let conf_path = dir.path().join("nginx.conf");
             std::fs::write(&conf_path, conf)?;
             let error_log = dir.path().join("nginx-error.log");

@@ -776,6 +776,7 @@ fn render(conf: Conf, dir: &Path, port: u16, upstreams: [u16; 2], edits: &[Edit]
                 .replace("@NGINX_PORT@", &port.to_string())
                 .replace("@APP1_PORT@", &upstreams[0].to_string())
                 .replace("@APP2_PORT@", &upstreams[1].to_string())
+                .replace("@PROXY_READ_TIMEOUT@", "20s")
         }
     };
     let mut files = vec![
@@ -1089,7 +1090,7 @@ async fn nginx_errors_are_json_with_x_instance_nginx() {
 }
 
 /// A sale whose instance does not answer within the read timeout (1 s here instead of
-/// 120 s, the one change to the compose files) answers 504 and is not sent to the other
+/// 20 s, the one change to the compose files) answers 504 and is not sent to the other
 /// instance, where it would sell a second time: not as POST (nginx never resends one), not
 /// as GET or HEAD (the sale's once-only rule). `atomic` with `work_ms` writes after the
 /// work, by which time nginx has given up and closed the connection, so the sale is refused
@@ -1100,8 +1101,8 @@ async fn nginx_never_resends_a_sale_after_a_read_timeout() {
     let cluster = Cluster::start(2, |b| b).await;
     let ports = [cluster.instances[0].port, cluster.instances[1].port];
     let edits = [(
-        "locations.conf",
-        "proxy_read_timeout 120s;",
+        "nginx.conf",
+        "proxy_read_timeout 20s;",
         "proxy_read_timeout 1s;",
     )];
     let http = reqwest::Client::new();

@@ -506,3 +506,42 @@ async fn nginx_never_resends_a_get_sale_whose_instance_died_mid_request() {
         "the sale was resent to the other instance: {audit}"
     );
 }
+
+/// nginx waits for an instance as long as a sale's budget may take, and not much longer: a
+/// frozen instance still accepts connections, so the read timeout is how long each request
+/// sent to it hangs before nginx answers 504 and marks it down. `make up` computes it from
+/// the LOCK_WAIT_MS and MAX_WORK_MS the instances get (8 s over them); the compose file,
+/// which cannot, states the figure for the defaults.
+#[tokio::test(flavor = "multi_thread")]
+async fn nginx_waits_for_an_instance_as_long_as_its_sale_budget_and_no_longer() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let script = repo_path("scripts/stack.sh");
+    let inventory: &std::path::Path = env!("CARGO_BIN_EXE_inventory").as_ref();
+    let _down = native::DownOnDrop {
+        script: &script,
+        run_dir: run_dir.path(),
+        inventory,
+    };
+    let ports = native::TopologyPorts::free(native::Topology::Single);
+    let env = [("LOCK_WAIT_MS", "30000"), ("MAX_WORK_MS", "1500")];
+    let up = native::stack_script_in(&script, run_dir.path(), &ports, inventory, "up", &env);
+    assert!(up.status.success(), "{}", text(&up));
+    let conf = std::fs::read_to_string(run_dir.path().join("nginx.conf")).unwrap();
+    assert!(conf.contains("proxy_read_timeout 40s;"), "{conf}");
+    let down = native::stack_script_in(&script, run_dir.path(), &ports, inventory, "down", &[]);
+    assert!(down.status.success(), "{}", text(&down));
+
+    let compose = std::fs::read_to_string(repo_path("nginx/nginx.conf")).unwrap();
+    assert_eq!(
+        compose.matches("proxy_read_timeout 20s;").count(),
+        1,
+        "10 s of LOCK_WAIT_MS, 2 s of MAX_WORK_MS and 8 s"
+    );
+    let shared = std::fs::read_to_string(repo_path("nginx/locations.conf")).unwrap();
+    assert!(
+        !shared
+            .lines()
+            .any(|l| l.trim_start().starts_with("proxy_read_timeout")),
+        "set once, by the including file"
+    );
+}
