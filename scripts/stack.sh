@@ -279,7 +279,9 @@ create_cluster() {
 wait_for_redis() {
   local name=$1 port=$2
   for _ in $(seq 100); do
-    redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+    # PONG, not just a zero exit: on a port in the ephemeral range with nothing listening,
+    # the kernel can connect redis-cli to itself, which then reads its own PING back.
+    [ "$({ redis-cli -p "$port" ping 2>/dev/null || true; } | tr -d '\r')" = PONG ] && return 0
     sleep 0.1
   done
   die "$name did not answer on port $port; see $RUN_DIR/$name.log"

@@ -47,9 +47,10 @@ struct Args {
     /// generator's own ceiling, to compare with `wrk` on the same target.
     #[arg(long)]
     health: bool,
-    /// Sales to attempt per strategy.
-    #[arg(long, default_value_t = 1000)]
-    requests: usize,
+    /// Sales to attempt per strategy (1..=100000000).
+    #[arg(long, default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    requests: u64,
     /// Spread the sales over this many items (1..=10000), ids `item-0001`, `item-0002`, ...
     /// (four digits, five for 10000 items), each reset to --stock with
     /// `PUT /inventory/{item}` before every strategy and judged by its own audit. Every round
@@ -220,7 +221,7 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
         target: args.target,
         strategies: args.strategy.list,
         stock: args.stock.unwrap_or(default_stock),
-        requests: args.requests,
+        requests: usize::try_from(args.requests)?,
         concurrency: args.concurrency as usize,
         work_ms: args.work_ms,
         admin_token: args.admin_token.filter(|t| !t.is_empty()),

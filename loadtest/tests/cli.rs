@@ -593,3 +593,34 @@ async fn scenarios_list_refuses_the_options_it_would_ignore() {
         assert_eq!(stdout, "", "{args:?}");
     }
 }
+
+/// A count of sales or connections out of range is a usage error like any other wrong value:
+/// exit 64, naming the valid values, before anything is sent.
+#[tokio::test]
+async fn counts_out_of_range_are_usage_errors_naming_the_valid_values() {
+    let witness = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    witness.set_nonblocking(true).unwrap();
+    let to = format!("http://127.0.0.1:{}", witness.local_addr().unwrap().port());
+    for (option, value, valid) in [
+        ("--requests", "0", "1..=100000000"),
+        ("--requests", "-3", ""),
+        ("--requests", "many", ""),
+        ("--concurrency", "0", "1..=4096"),
+    ] {
+        let output = loadtest(&["--target", &to, &format!("{option}={value}")]).await;
+        let (stdout, stderr) = text(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(USAGE),
+            "{option} {value}: {stdout}\n{stderr}"
+        );
+        assert!(
+            stderr.contains(option) && stderr.contains(valid),
+            "{option} {value}: {stderr}"
+        );
+    }
+    assert!(
+        matches!(witness.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a request was sent"
+    );
+}

@@ -112,8 +112,12 @@ impl RedisProcess {
         while Instant::now() < deadline {
             if let Ok(mut c) = self.connection().await {
                 match redis::cmd("PING").query_async::<String>(&mut c).await {
+                    // PONG, not any answer: with nothing listening on a port of the
+                    // ephemeral range, the kernel can connect a client to itself, which then
+                    // reads its own PING back.
+                    Ok(pong) if pong == "PONG" => return true,
+                    Ok(_) => {}
                     // A server with `--requirepass` is up when it asks for the password.
-                    Ok(_) => return true,
                     Err(e) if e.code() == Some("NOAUTH") => return true,
                     Err(_) => {}
                 }
