@@ -295,8 +295,9 @@ pub struct LockCx {
     /// counter), the counter restarts above it instead of handing out old tokens again.
     pub newest_fence: Arc<std::sync::atomic::AtomicU64>,
     /// How many sales have given up because a majority of the lock nodes left their
-    /// attempts unanswered: a quorum sale that waited in line since before it moved answers
-    /// 503 too, instead of starting a streak of its own (8 sales in line: 1 to 10 s apart).
+    /// attempts unanswered, or too few of them were up: a quorum sale that waited in line
+    /// since before it moved answers 503 too, instead of starting a streak of its own (8
+    /// sales in line: 1 to 10 s apart unanswered, up to 7 s refused).
     pub quorum_outages: Arc<std::sync::atomic::AtomicU64>,
     /// Fencing tokens a queued attempt draws when it is granted the lock (`notify`): one,
     /// or with tenures a block, the rest for the sales the tenure passes the lock to.
@@ -664,7 +665,7 @@ impl Locks {
                         return Err(crate::store::unanswered_while_waiting());
                     }
                     if quorum_outage {
-                        return Err(redlock::majority_unanswered());
+                        return Err(redlock::quorum_failed_while_waiting());
                     }
                     if failing {
                         return Err(crate::store::failed_while_waiting());
@@ -688,6 +689,13 @@ impl Locks {
                                     retry_in: Some(UNANSWERED_RETRY),
                                 })
                             }
+                        }
+                        // Too few nodes up: nobody can win, and the sales in line behind this
+                        // one answer now instead of each finding it out in turn.
+                        Err(e) if redlock::is_quorum_lost(&e) => {
+                            *since = None;
+                            self.cx.quorum_outages.fetch_add(1, Ordering::AcqRel);
+                            Err(e)
                         }
                         attempt => {
                             *since = None;
@@ -750,11 +758,11 @@ impl Locks {
                 return Err(LockError::Redis(crate::store::failed_while_waiting()));
             }
             // A quorum sale in the Redis queue for this instance gave up, a majority of the
-            // lock nodes unanswering: the sales in line behind it answer now.
+            // lock nodes unanswering or down: the sales in line behind it answer now.
             if lock.info().quorum
                 && self.cx.quorum_outages.load(Ordering::Acquire) != quorum_outages
             {
-                return Err(LockError::Redis(redlock::majority_unanswered()));
+                return Err(LockError::Redis(redlock::quorum_failed_while_waiting()));
             }
             // Ok: a tenure passed here; Err: the sale stands in the Redis queue for this
             // instance, and asks Redis.

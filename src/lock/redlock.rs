@@ -247,11 +247,35 @@ pub(crate) fn quorum_lost(down: usize, n: usize) -> RedisError {
 
 const QUORUM_LOST: &str = "lock nodes (LOCK_NODES) refused or dropped the connection";
 
+/// Whether `e` says too few lock nodes are up for a quorum ([`quorum_lost`]).
+pub(super) fn is_quorum_lost(e: &RedisError) -> bool {
+    e.is_connection_refusal() && e.to_string().contains(QUORUM_LOST)
+}
+
+/// The error of a quorum sale that did not try: the sale standing in the line for the lock
+/// nodes ahead of it found too few of them up, or a majority unanswering, while it waited.
+pub(super) fn quorum_failed_while_waiting() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        QUORUM_FAILED_WHILE_WAITING,
+    ))
+}
+
+const QUORUM_FAILED_WHILE_WAITING: &str =
+    "too few lock nodes (LOCK_NODES) answered for a quorum while this sale waited for the lock";
+
 /// What a client is told when `e` is about the lock nodes rather than the stock's Redis:
 /// too few of them up, or too few answering in time.
 pub(crate) fn lock_nodes_failure(e: &RedisError) -> Option<String> {
     let text = e.to_string();
-    (text.contains(QUORUM_LOST) || text.contains(MAJORITY_UNANSWERED)).then_some(text)
+    [
+        QUORUM_LOST,
+        MAJORITY_UNANSWERED,
+        QUORUM_FAILED_WHILE_WAITING,
+    ]
+    .iter()
+    .any(|marker| text.contains(marker))
+    .then_some(text)
 }
 
 fn not_configured() -> RedisError {

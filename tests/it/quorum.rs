@@ -106,6 +106,24 @@ async fn the_quorum_lock_sells_with_one_node_of_three_down_and_fails_fast_withou
     for strategy in QUORUM_STRATEGIES {
         refused_soon(&app, strategy, Duration::from_secs(2)).await;
     }
+    // Sales in line behind one another answer together once the first found too few nodes
+    // up, not each in turn (8 in line took 2-7 s before).
+    for strategy in QUORUM_STRATEGIES {
+        let query = format!("strategy={strategy}");
+        let sales = futures_util::future::join_all((0..8).map(|_| app.sale(&query))).await;
+        let slowest = sales.iter().map(|s| s.elapsed).max().unwrap_or_default();
+        for sale in &sales {
+            assert_eq!(
+                (sale.status, sale.error_code()),
+                (503, "redis_unavailable"),
+                "{strategy}: {sale:?}"
+            );
+        }
+        assert!(
+            slowest < Duration::from_secs(1),
+            "{strategy}: 8 sales in line took {slowest:?} to be refused"
+        );
+    }
     let ready = app.get("/ready").await;
     assert_eq!(ready.status, 503, "{ready:?}");
     let message = ready.body["message"].as_str().unwrap_or_default();
