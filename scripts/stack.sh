@@ -231,14 +231,21 @@ wait_for_sentinels_out_of_tilt() {
   done
 }
 
-# A cluster node keeps nothing but its cluster state (nodes.conf, in its directory): the
-# cluster topology is a demo of slots and failover, started fresh by every `up` after a
-# `down`. Its bus port (port + 10000) must be free too. Without full coverage required,
-# the masters that are up keep serving their slots while one shard fails over.
+# A cluster node keeps its cluster state (nodes.conf) and an append-only file in its
+# directory, which `down` removes: the cluster topology is a demo of slots and failover,
+# started fresh by every `up` after a `down`. The file is for the `up` that repairs a stack
+# whose processes were killed: a master it restarts before its replica has taken over (within
+# cluster-node-timeout) is still master of its slots, and without its data it served them
+# empty, and its replica copied the emptiness (every item of that shard: 404 unknown_item).
+# With the file it comes back with its data up to the last second (appendfsync everysec); one
+# restarted after the failover rejoins as a replica of the new master and copies it. Its bus
+# port (port + 10000) must be free too. Without full coverage required, the masters that
+# are up keep serving their slots while one shard fails over.
 start_cluster_node() {
   local name=$1 port=$2
   mkdir -p "$RUN_DIR/$name"
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+  redis-server --port "$port" --bind 127.0.0.1 --save "" \
+    --appendonly yes --appendfsync everysec \
     --cluster-enabled yes --cluster-config-file nodes.conf \
     --cluster-node-timeout "$CLUSTER_NODE_TIMEOUT_MS" \
     --cluster-require-full-coverage no \

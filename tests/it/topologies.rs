@@ -432,3 +432,77 @@ fn make_up_passes_the_topology_and_reads_cluster_1_as_the_cluster_topology() {
     assert!(dry_run(&["TOPOLOGY=cluster"]).contains("TOPOLOGY=cluster "));
     assert!(dry_run(&["CLUSTER=1"]).contains("TOPOLOGY=cluster "));
 }
+
+/// `up` repairs a cluster stack whose master was killed, and the master's items survive:
+/// restarted before its replica took over, the node is still master of its slots, and it
+/// came back empty (nothing on disk) and its replica copied it, so every item of the shard
+/// answered 404 `unknown_item`. It now reloads its append-only file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_master_killed_and_restarted_by_up_at_once_keeps_its_items() {
+    let stack = TopologyStack::new(Topology::Cluster);
+    stack.script("up");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    // Items whose slots node1, a master of the fresh cluster (slots 0-5460), serves.
+    let mut node1 = redis::Client::open(format!("redis://127.0.0.1:{}", stack.ports.port("node1")))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut items = Vec::new();
+    for n in 0.. {
+        let item = format!("k{n}");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(format!("inventory:{{{item}}}:stock"))
+            .query_async(&mut node1)
+            .await
+            .unwrap();
+        if slot <= 5460 {
+            items.push(item);
+        }
+        if items.len() == 4 {
+            break;
+        }
+    }
+    for item in &items {
+        let stocked = http
+            .put(stack.url(&format!("/inventory/{item}")))
+            .header("content-type", "application/json")
+            .body(r#"{"stock": 7}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stocked.status(), 200, "{item}: {}", stack.log("app1"));
+    }
+    // Past the append-only file's fsync (every second), then killed, and `up` at once,
+    // well within the 1 s cluster-node-timeout.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let pid = stack.pid("node1").unwrap();
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+    stack.script("up");
+    for item in &items {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let read = http
+                .get(stack.url(&format!("/inventory/{item}")))
+                .send()
+                .await
+                .unwrap();
+            let status = read.status().as_u16();
+            let body: serde_json::Value = read.json().await.unwrap_or_default();
+            if status == 200 {
+                assert_eq!(body["stock"], 7, "{item}: {body}");
+                break;
+            }
+            assert!(
+                status == 503 && Instant::now() < deadline,
+                "{item}: {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    stack.script("down");
+}
