@@ -73,6 +73,10 @@ all_services=(nginx app1 app2 sentinel1 sentinel2 sentinel3 replica1 replica2 re
 cluster_nodes=(node1 node2 node3 node4 node5 node6)
 
 topology_file() { echo "$RUN_DIR/topology"; }
+# Under the sentinel topology, "host port" of the master when the stack was last stopped:
+# the servers keep their append-only files through `down`, and the next `up` must start
+# from the one that had the newest data, not from REDIS_PORT's again.
+master_file() { echo "$RUN_DIR/sentinel-master"; }
 ports_file() { echo "$RUN_DIR/ports.env"; }
 # The topology `up` recorded, or the one asked for when nothing is recorded.
 recorded_topology() {
@@ -135,8 +139,10 @@ start_redis() {
   wait_for_redis "$name" "$port"
 }
 
-# "host port" of the master now: what a running sentinel names, else REDIS_PORT's server
-# (the master of a fresh stack).
+# "host port" of the master now: what a running sentinel names; else what the sentinels
+# last wrote in their configuration files (they rewrite it after a failover), when they
+# were killed with the stack still up; else the master when the stack was last stopped
+# (master_file); else REDIS_PORT's server (the master of a fresh stack).
 current_master() {
   local svc reply
   for svc in sentinel1 sentinel2 sentinel3; do
@@ -144,7 +150,25 @@ current_master() {
     reply=$({ redis-cli -p "$(port_of "$svc")" sentinel get-master-addr-by-name "$REDIS_MASTER_NAME" 2>/dev/null || true; } | paste -sd' ' -)
     if [ -n "$reply" ]; then echo "$reply"; return; fi
   done
+  for svc in sentinel1 sentinel2 sentinel3; do
+    reply=$(sed -n "s/^sentinel monitor $REDIS_MASTER_NAME \([^ ]*\) \([0-9]*\) .*/\1 \2/p" "$RUN_DIR/$svc.conf" 2>/dev/null || true)
+    if [ -n "$reply" ]; then echo "$reply"; return; fi
+  done
+  if [ -s "$(master_file)" ]; then cat "$(master_file)"; return; fi
   echo "127.0.0.1 $REDIS_PORT"
+}
+
+# The sentinel topology's services in start order: the server that is master now first (it
+# may be any of the three after a failover), so that the others join it and a stopped
+# master is not started as a replica of its own replicas, which have older data.
+sentinel_start_order() {
+  local master svc first=""
+  master=$(current_master)
+  for svc in redis replica1 replica2; do
+    [ "$master" = "127.0.0.1 $(port_of "$svc")" ] && first=$svc
+  done
+  echo "$first"
+  for svc in "$@"; do [ "$svc" = "$first" ] || echo "$svc"; done
 }
 
 # A server of the sentinel topology (the master, a replica), started as a replica of the
@@ -165,7 +189,7 @@ start_replica() {
     redis-cli -p "$port" info replication 2>/dev/null | grep -q '^master_link_status:up' && return 0
     sleep 0.1
   done
-  die "$name did not sync with the master on port $REDIS_PORT; see $RUN_DIR/$name.log"
+  die "$name did not sync with the master at $master; see $RUN_DIR/$name.log"
 }
 
 # A sentinel rewrites its own configuration file (what it learnt: replicas, other
@@ -183,7 +207,7 @@ daemonize yes
 pidfile $(pidfile "$name")
 logfile $RUN_DIR/$name.log
 dir $RUN_DIR/$name
-sentinel monitor $REDIS_MASTER_NAME 127.0.0.1 $REDIS_PORT 2
+sentinel monitor $REDIS_MASTER_NAME $(current_master) 2
 sentinel down-after-milliseconds $REDIS_MASTER_NAME $DOWN_AFTER_MS
 sentinel failover-timeout $REDIS_MASTER_NAME $FAILOVER_TIMEOUT_MS
 sentinel parallel-syncs $REDIS_MASTER_NAME 1
@@ -391,6 +415,13 @@ up() {
   if [ -s "$recorded" ] && [ "$(cat "$recorded")" != "$topology" ] && [ -n "$(running_services)" ]; then
     die "the stack runs as topology $(cat "$recorded") ($(running_services)); run down first"
   fi
+  if [ "$topology" = sentinel ]; then
+    # shellcheck disable=SC2086 # one service a word
+    services=$(sentinel_start_order $services)
+  else
+    # The single topology writes to REDIS_PORT's server: from now on it has the newest data.
+    rm -f "$(master_file)"
+  fi
   for svc in $services; do
     running "$svc" && continue
     # Its leader is gone, but what it forked may still run: nginx's workers outlive a
@@ -531,6 +562,10 @@ down() {
   # also after a topology was changed by hand. nginx stops with SIGQUIT, its graceful stop
   # (finish the requests in flight); SIGTERM would be its fast one.
   local status=0 svc signal
+  # The master of the moment, for the next `up` (the sentinels' files go below).
+  if [ -s "$(topology_file)" ] && [ "$(cat "$(topology_file)")" = sentinel ]; then
+    current_master >"$(master_file).new" && mv "$(master_file).new" "$(master_file)"
+  fi
   for svc in "${all_services[@]}"; do
     case $svc in
       nginx) signal=QUIT ;;

@@ -265,6 +265,18 @@ async fn the_sentinel_stack_sells_through_nginx_again_within_down_after_plus_fai
         "{status}"
     );
     assert!(status.contains("redis: stopped"), "{status}");
+    let audit = async || {
+        let audit: serde_json::Value = http
+            .get(stack.url("/inventory/audit"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        (audit["remaining"].clone(), audit["sales"].clone())
+    };
+    let before = audit().await;
 
     let down = stack.script("down");
     for service in Topology::Sentinel.services() {
@@ -275,6 +287,25 @@ async fn the_sentinel_stack_sells_through_nginx_again_within_down_after_plus_fai
         !stack.run_dir.path().join("sentinel1.conf").exists(),
         "down forgets what the sentinels learnt"
     );
+
+    // `up` again starts from the master at the time of `down`, the promoted replica, whose
+    // data is the newest: the old master on REDIS_PORT rejoins as its replica, instead of
+    // being master again with the stock of before the failover (the sales answered 200
+    // since then were for sale again).
+    let up = stack.script("up");
+    assert!(up.contains("stack ready (sentinel)"), "{up}");
+    let status = stack.script("status");
+    assert!(
+        status.contains(&format!(
+            "master now (says sentinel1): 127.0.0.1:{}",
+            stack.ports.port(promoted)
+        )),
+        "{status}"
+    );
+    assert_eq!(audit().await, before, "{status}");
+    let footprint = stack.footprint();
+    stack.script("down");
+    footprint.assert_gone().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
