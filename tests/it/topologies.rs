@@ -537,3 +537,119 @@ async fn a_cluster_master_killed_and_restarted_by_up_at_once_keeps_its_items() {
     }
     stack.script("down");
 }
+
+/// `up` repairs a sentinel stack whose sentinels and master were all killed after a
+/// failover: it starts the master the sentinels last named (from their own files) first,
+/// with its data, and the others as its replicas, instead of the server on REDIS_PORT, an
+/// old master, as a replica of its own replicas (a replication loop: "stack ready" and then
+/// 503s until the sentinels sorted it out).
+#[tokio::test(flavor = "multi_thread")]
+async fn up_repairs_a_sentinel_stack_whose_sentinels_and_master_were_killed_after_a_failover() {
+    let stack = TopologyStack::new(Topology::Sentinel);
+    stack.script("up");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let sell = async || {
+        http.post(stack.url("/inventory/sale?strategy=fenced"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
+    };
+    let reset = http
+        .put(stack.url("/inventory"))
+        .header("content-type", "application/json")
+        .body(r#"{"stock": 20}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reset.status(), 200);
+    for _ in 0..3 {
+        assert_eq!(sell().await, 200);
+    }
+    let sentinel = format!("redis://127.0.0.1:{}", stack.ports.port("sentinel1"));
+    let mut sentinel = redis::Client::open(sentinel)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let master = async |c: &mut redis::aio::MultiplexedConnection| -> u16 {
+        let addr: Vec<String> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg("inventory")
+            .query_async(c)
+            .await
+            .unwrap();
+        addr[1].parse().unwrap()
+    };
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg("inventory")
+        .query_async(&mut sentinel)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let promoted = loop {
+        let now = master(&mut sentinel).await;
+        if now != stack.ports.port("redis") {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "no failover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let promoted = ["replica1", "replica2"]
+        .into_iter()
+        .find(|r| stack.ports.port(r) == promoted)
+        .unwrap();
+    // Sales on the new master, then every sentinel and that master killed.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut sold = 3;
+    while sold < 6 {
+        if sell().await == 200 {
+            sold += 1;
+        }
+        assert!(Instant::now() < deadline, "no sales after the failover");
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for service in ["sentinel1", "sentinel2", "sentinel3", promoted] {
+        let pid = stack.pid(service).unwrap();
+        kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+    }
+    let up = stack.script("up");
+    assert!(up.contains("stack ready (sentinel)"), "{up}");
+    let status = stack.script("status");
+    assert!(
+        status.contains(&format!(
+            "master now (says sentinel1): 127.0.0.1:{}",
+            stack.ports.port(promoted)
+        )),
+        "{status}"
+    );
+    let started = Instant::now();
+    while sell().await != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no sale within 5 s of up: {}",
+            stack.run("status").1
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let audit: serde_json::Value = http
+        .get(stack.url("/inventory/audit"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&audit["sales"], &audit["remaining"]),
+        (&7.into(), &13.into()),
+        "{audit}"
+    );
+    let footprint = stack.footprint();
+    stack.script("down");
+    footprint.assert_gone().await;
+}
