@@ -217,6 +217,24 @@ CONF
   wait_for_redis "$name" "$port"
 }
 
+# A server still running as a master beside the master now (an old master that the
+# sentinels had not yet turned into a replica when they were killed) becomes a replica of it,
+# as the sentinels would once they find it: until then each would take writes.
+rejoin_master() {
+  local master svc port
+  master=$(current_master)
+  for svc in redis replica1 replica2; do
+    port=$(port_of "$svc")
+    [ "$master" = "127.0.0.1 $port" ] && continue
+    running "$svc" || continue
+    if [ "$(replication_field "$port" role)" = master ]; then
+      # shellcheck disable=SC2086 # host and port, two words
+      redis-cli -p "$port" replicaof $master >/dev/null
+      echo "$svc was a master beside $master: now its replica"
+    fi
+  done
+}
+
 # Until each sentinel knows the two others and both replicas: a master lost before that
 # is never failed over in time (a sentinel that cannot gather the votes to be elected
 # aborts, and waits twice the failover timeout to try again), and `up` would have
@@ -450,7 +468,10 @@ up() {
     echo "$svc started on 127.0.0.1:$port"
   done
   case $topology in
-    sentinel) wait_for_sentinels ;;
+    sentinel)
+      rejoin_master
+      wait_for_sentinels
+      ;;
     cluster)
       create_cluster
       if ! app_knows_cluster; then

@@ -627,6 +627,9 @@ async fn up_repairs_a_sentinel_stack_whose_sentinels_and_master_were_killed_afte
         )),
         "{status}"
     );
+    // One master among the servers: the old one, if the sentinels had not yet made it a
+    // replica when they were killed, was made one by `up`.
+    assert_eq!(status.matches(": master, ").count(), 1, "{up}\n{status}");
     let started = Instant::now();
     while sell().await != 200 {
         assert!(
