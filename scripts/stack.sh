@@ -377,9 +377,11 @@ start_app() {
 
 start_nginx() {
   mkdir -p "$RUN_DIR/nginx-tmp"
-  # The instances' sale budget (the wait for the lock and the longest work, as they read
-  # them from this environment) and 8 s for their calls to Redis and to spare.
-  local budget_ms=$(( ${LOCK_WAIT_MS:-10000} + ${MAX_WORK_MS:-2000} + 8000 ))
+  # The instances' sale budget, as they read it from this environment: the wait for the
+  # lock, the longest work, and four Redis timeouts (a call that outlives the wait, and the
+  # pool's checkout round trips before a failed call answers), with 4 s to spare.
+  local budget_ms=$(( ${LOCK_WAIT_MS:-10000} + ${MAX_WORK_MS:-2000} \
+    + 4 * ${REDIS_TIMEOUT_MS:-1000} + 4000 ))
   sed -e "s|@RUN_DIR@|$RUN_DIR|g" -e "s|@CONF_DIR@|$root/nginx|g" \
       -e "s|@NGINX_PORT@|$NGINX_PORT|g" -e "s|@APP1_PORT@|$APP1_PORT|g" \
       -e "s|@APP2_PORT@|$APP2_PORT|g" -e "s|@PROXY_READ_TIMEOUT@|$(( (budget_ms + 999) / 1000 ))s|g" \

@@ -510,8 +510,9 @@ async fn nginx_never_resends_a_get_sale_whose_instance_died_mid_request() {
 /// nginx waits for an instance as long as a sale's budget may take, and not much longer: a
 /// frozen instance still accepts connections, so the read timeout is how long each request
 /// sent to it hangs before nginx answers 504 and marks it down. `make up` computes it from
-/// the LOCK_WAIT_MS and MAX_WORK_MS the instances get (8 s over them); the compose file,
-/// which cannot, states the figure for the defaults.
+/// the LOCK_WAIT_MS, MAX_WORK_MS and REDIS_TIMEOUT_MS the instances get (the first two,
+/// four of the third and 4 s); the compose file, which cannot, states the figure for the
+/// defaults.
 #[tokio::test(flavor = "multi_thread")]
 async fn nginx_waits_for_an_instance_as_long_as_its_sale_budget_and_no_longer() {
     let run_dir = tempfile::tempdir().unwrap();
@@ -523,11 +524,16 @@ async fn nginx_waits_for_an_instance_as_long_as_its_sale_budget_and_no_longer() 
         inventory,
     };
     let ports = native::TopologyPorts::free(native::Topology::Single);
-    let env = [("LOCK_WAIT_MS", "30000"), ("MAX_WORK_MS", "1500")];
+    let env = [
+        ("LOCK_WAIT_MS", "30000"),
+        ("MAX_WORK_MS", "1500"),
+        ("REDIS_TIMEOUT_MS", "3000"),
+    ];
     let up = native::stack_script_in(&script, run_dir.path(), &ports, inventory, "up", &env);
     assert!(up.status.success(), "{}", text(&up));
     let conf = std::fs::read_to_string(run_dir.path().join("nginx.conf")).unwrap();
-    assert!(conf.contains("proxy_read_timeout 40s;"), "{conf}");
+    // 30 + 1.5 + 4 x 3 + 4 s.
+    assert!(conf.contains("proxy_read_timeout 48s;"), "{conf}");
     let down = native::stack_script_in(&script, run_dir.path(), &ports, inventory, "down", &[]);
     assert!(down.status.success(), "{}", text(&down));
 
@@ -535,7 +541,7 @@ async fn nginx_waits_for_an_instance_as_long_as_its_sale_budget_and_no_longer() 
     assert_eq!(
         compose.matches("proxy_read_timeout 20s;").count(),
         1,
-        "10 s of LOCK_WAIT_MS, 2 s of MAX_WORK_MS and 8 s"
+        "10 s of LOCK_WAIT_MS, 2 s of MAX_WORK_MS, 4 x 1 s of REDIS_TIMEOUT_MS and 4 s"
     );
     let shared = std::fs::read_to_string(repo_path("nginx/locations.conf")).unwrap();
     assert!(
