@@ -202,6 +202,11 @@ impl Seller {
         self.items.default_item().locks.nodes()
     }
 
+    /// How long a quorum sale waits for one lock node ([`crate::lock::Locks::node_bound`]).
+    pub fn node_bound(&self) -> std::time::Duration {
+        self.items.default_item().locks.node_bound()
+    }
+
     /// Sells one of item `id` (a valid id): [`Seller::sell`] on its machinery, built only if
     /// the item has stock.
     pub async fn sell_item(

@@ -119,31 +119,49 @@ async fn health(State(app): State<Arc<AppState>>) -> Json<Status> {
             example = json!({"status": "ready", "instance": "app1:7777", "lock_nodes": [
                 {"node": "127.0.0.1:7001", "ok": true}, {"node": "127.0.0.1:7002", "ok": false},
                 {"node": "127.0.0.1:7003", "ok": true}]})),
-        (status = 503, description = "Redis did not answer", body = ErrorBody,
+        (status = 503, description = "Redis did not answer, or fewer than a majority of the lock nodes did (the message names each that did not, and why)", body = ErrorBody,
             example = json!({"error": "redis_unavailable", "message": "Redis did not answer; retry shortly"})),
     )
 )]
 async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiError> {
     let nodes = app.seller.nodes();
+    // Each node within the share of the lease a quorum sale gives it: a frozen node costs
+    // a sale nothing once the others have voted, and costs readiness no more than that.
+    let bound = app.seller.node_bound();
     let (stock, answers) = tokio::join!(
         app.seller.store().ping(),
-        futures_util::future::join_all(nodes.iter().map(ping_twice))
+        futures_util::future::join_all(
+            nodes
+                .iter()
+                .map(|node| tokio::time::timeout(bound, ping_twice(node)))
+        )
     );
     stock?;
+    let failures: Vec<Option<String>> = answers
+        .iter()
+        .map(|answer| match answer {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) if e.is_connection_refusal() => Some("refused the connection".to_owned()),
+            Ok(Err(e)) => Some(format!("failed: {}", e.category())),
+            Err(_) => Some(format!("no answer within {} ms", bound.as_millis())),
+        })
+        .collect();
     let lock_nodes: Vec<NodeStatus> = nodes
         .iter()
-        .zip(&answers)
-        .map(|(node, answer)| NodeStatus {
+        .zip(&failures)
+        .map(|(node, failure)| NodeStatus {
             node: node.address(),
-            ok: answer.is_ok(),
+            ok: failure.is_none(),
         })
         .collect();
     let answered = lock_nodes.iter().filter(|n| n.ok).count();
     if !nodes.is_empty() && answered < crate::lock::redlock::quorum(nodes.len()) {
-        if let Some(Err(e)) = answers.into_iter().find(Result::is_err) {
-            tracing::debug!(error = %e, "lock nodes down");
-        }
-        return Err(crate::lock::redlock::quorum_lost(nodes.len() - answered, nodes.len()).into());
+        let failed: Vec<String> = lock_nodes
+            .iter()
+            .zip(&failures)
+            .filter_map(|(node, failure)| Some(format!("{}: {}", node.node, failure.as_ref()?)))
+            .collect();
+        return Err(crate::lock::redlock::quorum_unreached(&failed, nodes.len()).into());
     }
     Ok(Json(Status {
         status: "ready".into(),

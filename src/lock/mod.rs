@@ -513,6 +513,12 @@ impl Locks {
         &self.cx.nodes
     }
 
+    /// How long a quorum sale waits for one lock node's answer before it counts that node's
+    /// vote as lost (a share of the lease).
+    pub fn node_bound(&self) -> Duration {
+        redlock::node_timeout(self.cx.ttl)
+    }
+
     /// Acquire attempts this instance has sent to Redis so far (every strategy together).
     pub fn attempts(&self) -> u64 {
         self.waiter.attempts() + self.poller.attempts()

@@ -123,7 +123,7 @@ pub fn quorum(n: usize) -> usize {
 /// How long one node may take to answer one call: a twentieth of the lease, so that even a
 /// few slow nodes leave most of the validity, but never below what a loaded machine needs
 /// for one round trip.
-fn node_timeout(ttl: Duration) -> Duration {
+pub(crate) fn node_timeout(ttl: Duration) -> Duration {
     (ttl / 20).clamp(Duration::from_millis(10), Duration::from_millis(250))
 }
 
@@ -235,7 +235,7 @@ pub(super) fn is_majority_unanswered(e: &RedisError) -> bool {
 /// connection): nobody can win until enough are back. Still a refusal to the code that
 /// handles it (nothing was sent to a node that is down), but worded so that the answer names
 /// the lock nodes, not the stock's Redis, which may be fine.
-pub(crate) fn quorum_lost(down: usize, n: usize) -> RedisError {
+pub(super) fn quorum_lost(down: usize, n: usize) -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::ConnectionRefused,
         format!(
@@ -246,6 +246,22 @@ pub(crate) fn quorum_lost(down: usize, n: usize) -> RedisError {
 }
 
 const QUORUM_LOST: &str = "lock nodes (LOCK_NODES) refused or dropped the connection";
+
+/// Fewer lock nodes than a quorum answered a check (`/ready`): `failed` names each node
+/// that did not, with why.
+pub(crate) fn quorum_unreached(failed: &[String], n: usize) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        format!(
+            "{} of the {n} {QUORUM_UNREACHED} ({}), and a quorum lock needs {} of them",
+            failed.len(),
+            failed.join(", "),
+            quorum(n)
+        ),
+    ))
+}
+
+const QUORUM_UNREACHED: &str = "lock nodes (LOCK_NODES) did not answer";
 
 /// Whether `e` says too few lock nodes are up for a quorum ([`quorum_lost`]).
 pub(super) fn is_quorum_lost(e: &RedisError) -> bool {
@@ -270,6 +286,7 @@ pub(crate) fn lock_nodes_failure(e: &RedisError) -> Option<String> {
     let text = e.to_string();
     [
         QUORUM_LOST,
+        QUORUM_UNREACHED,
         MAJORITY_UNANSWERED,
         QUORUM_FAILED_WHILE_WAITING,
     ]

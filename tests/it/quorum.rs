@@ -131,6 +131,16 @@ async fn the_quorum_lock_sells_with_one_node_of_three_down_and_fails_fast_withou
         message.starts_with("2 of the 3 lock nodes") && message.contains("needs 2"),
         "/ready names the lock nodes, not the stock's Redis: {message}"
     );
+    // Each node that did not answer, by address (with why: refused, or no answer within its
+    // bound while the connection is retried).
+    for i in [1, 2] {
+        let node = format!("127.0.0.1:{}: ", nodes[i].port());
+        assert!(message.contains(&node), "names {node}: {message}");
+    }
+    assert!(
+        !message.contains(&format!("127.0.0.1:{}: ", nodes[0].port())),
+        "{message}"
+    );
     // The other strategies do not depend on the lock nodes.
     assert_eq!(app.sale("strategy=fenced").await.status, 200);
 
@@ -166,6 +176,15 @@ async fn the_quorum_lock_answers_503_soon_with_a_majority_of_nodes_frozen_and_se
     let pid = |i: usize| Pid::from_raw(nodes[i].pid().expect("a running node") as i32);
     // Frozen before any sale, so it has cached no script either (as after a restart).
     kill(pid(0), Signal::SIGSTOP).unwrap();
+    // Readiness waits for a frozen node no longer than a sale does (its share of the lease,
+    // 250 ms here), not for the Redis timeout twice over.
+    let ready = app.get("/ready").await;
+    assert_eq!(
+        (ready.status, node_states(&ready.body)),
+        (200, vec![false, true, true]),
+        "{ready:?}"
+    );
+    assert!(ready.elapsed < Duration::from_millis(600), "{ready:?}");
     for strategy in QUORUM_STRATEGIES {
         for _ in 0..3 {
             let sale = app.sale(&format!("strategy={strategy}")).await;
@@ -182,6 +201,16 @@ async fn the_quorum_lock_answers_503_soon_with_a_majority_of_nodes_frozen_and_se
         }
     }
     kill(pid(1), Signal::SIGSTOP).unwrap();
+    let ready = app.get("/ready").await;
+    let message = ready.body["message"].as_str().unwrap_or_default();
+    assert_eq!(ready.status, 503, "{ready:?}");
+    assert!(
+        message.contains(&format!(
+            "127.0.0.1:{}: no answer within 250 ms",
+            nodes[1].port()
+        )),
+        "a frozen node is said not to answer, not to refuse: {message}"
+    );
     for strategy in QUORUM_STRATEGIES {
         for _ in 0..2 {
             // The store's timeout is 300 ms, and one attempt waits up to twice the nodes'
