@@ -21,7 +21,10 @@
 //!   wants it.
 //! - A lease is never stretched: a sale gets a passed lock only within the quantum of its
 //!   acquisition, and while at least half the lease is left however long that acquisition
-//!   waited in the queue (the lease began somewhere in that wait).
+//!   waited in the queue (the lease began somewhere in that wait). A lock that nothing renews
+//!   (lua-release, reentrant), whose sales count on a whole lease for their work, is made
+//!   whole again (an owner-checked extension) before it is passed with less than 99% of its
+//!   lease left (`Locks::take_passed`).
 //! - Every sale gets its own fencing token: a tenure draws a block of tokens in one round
 //!   trip at its first pass and gives them out in order; the next holder's token is drawn
 //!   above the block. Tokens may jump by what a tenure left unused.

@@ -47,6 +47,12 @@ pub use atomic::sell as atomic_sell;
 /// unanswered: the attempt itself already waited for them.
 const UNANSWERED_RETRY: Duration = Duration::from_millis(10);
 
+/// A lock that nothing renews is passed within a tenure as it is while more than this part
+/// of its lease is left (1 / 100: 99%, the share of a lease the quorum lock sets aside for
+/// clock drift); with less, its lease is made whole first ([`Locks::take_passed`]). Tenures
+/// of the default 5 ms never come near it.
+const FRESH_LEASE: u32 = 100;
+
 /// Why a lock could not be had.
 #[derive(Debug)]
 pub enum LockError {
@@ -908,6 +914,32 @@ impl Locks {
     /// over and the sale asks Redis.
     async fn take_passed(&self, mut tenure: Tenure) -> Option<(Option<u64>, Hold)> {
         tenure.passes = tenure.passes.saturating_add(1);
+        if !tenure.lock.info().renews && tenure.since.elapsed() > tenure.lease / FRESH_LEASE {
+            // A lock that nothing renews (lua-release, reentrant) is safe for work shorter than
+            // its lease, and a sale that took it from Redis gets the whole lease. One passed
+            // to it got what the sales before it had left (with a quarter-lease tenure, work
+            // of 0.75-1 lease lost the lock, and a sale of another instance wrote beside it):
+            // the lease is made whole again first, unless it has nearly all of it still.
+            let sent = Instant::now();
+            let ttl_ms = reentrant::millis(self.cx.ttl);
+            let extend = if handoff_shape(tenure.lock) == Some("string") {
+                scripts::extend_owned(&self.cx.store.keys.lock, &tenure.owner, ttl_ms)
+            } else {
+                scripts::renew(&self.cx.store.keys.lock, &tenure.owner, ttl_ms)
+            };
+            let extend = &extend;
+            let extended: RedisResult<i64> = self
+                .cx
+                .store
+                .call(|mut c| async move { extend.invoke_async(&mut c).await })
+                .await;
+            if !matches!(extended, Ok(1)) {
+                self.cohort.abandoned();
+                end_tenure(&self.cx, tenure).await.ok();
+                return None;
+            }
+            tenure.since = sent;
+        }
         if handoff_shape(tenure.lock) != Some("fenced") {
             return Some((None, Hold::Cohort(tenure)));
         }
