@@ -144,16 +144,26 @@ start_redis() {
 # were killed with the stack still up; else the master when the stack was last stopped
 # (master_file); else REDIS_PORT's server (the master of a fresh stack).
 current_master() {
-  local svc reply
+  # Of all the sentinels' answers, running or in their files, the one with the highest
+  # config epoch: each failover raises it, and a sentinel that was down during one (or has
+  # just been started) still names the master from before it.
+  local svc reply epoch best="" best_epoch=-1 info
   for svc in sentinel1 sentinel2 sentinel3; do
-    running "$svc" || continue
-    reply=$({ redis-cli -p "$(port_of "$svc")" sentinel get-master-addr-by-name "$REDIS_MASTER_NAME" 2>/dev/null || true; } | paste -sd' ' -)
-    if [ -n "$reply" ]; then echo "$reply"; return; fi
+    if running "$svc"; then
+      # The address from get-master-addr-by-name, which names the promoted replica as soon
+      # as a failover has promoted it (`sentinel master` names the old one until the end).
+      reply=$({ redis-cli -p "$(port_of "$svc")" sentinel get-master-addr-by-name "$REDIS_MASTER_NAME" 2>/dev/null || true; } | tr -d '\r' | paste -sd' ' -)
+      info=$({ redis-cli -p "$(port_of "$svc")" sentinel master "$REDIS_MASTER_NAME" 2>/dev/null || true; } | tr -d '\r' | paste -sd' ' -)
+      epoch=$(sed -n 's/.* config-epoch \([0-9]*\) .*/\1/p' <<<" $info ")
+    else
+      reply=$(sed -n "s/^sentinel monitor $REDIS_MASTER_NAME \\([^ ]*\\) \\([0-9]*\\) .*/\\1 \\2/p" "$RUN_DIR/$svc.conf" 2>/dev/null || true)
+      epoch=$(sed -n "s/^sentinel config-epoch $REDIS_MASTER_NAME \\([0-9]*\\).*/\\1/p" "$RUN_DIR/$svc.conf" 2>/dev/null || true)
+    fi
+    [ -n "$reply" ] || continue
+    epoch=${epoch:-0}
+    if [ "$epoch" -gt "$best_epoch" ]; then best=$reply; best_epoch=$epoch; fi
   done
-  for svc in sentinel1 sentinel2 sentinel3; do
-    reply=$(sed -n "s/^sentinel monitor $REDIS_MASTER_NAME \([^ ]*\) \([0-9]*\) .*/\1 \2/p" "$RUN_DIR/$svc.conf" 2>/dev/null || true)
-    if [ -n "$reply" ]; then echo "$reply"; return; fi
-  done
+  if [ -n "$best" ]; then echo "$best"; return; fi
   if [ -s "$(master_file)" ]; then cat "$(master_file)"; return; fi
   echo "127.0.0.1 $REDIS_PORT"
 }
@@ -197,8 +207,14 @@ start_replica() {
 # directory, written here only when absent: a sentinel started again while the stack runs
 # keeps what it knew. `down` removes them with the stack. Quorum 2 of 3.
 start_sentinel() {
-  local name=$1 port=$2 conf="$RUN_DIR/$1.conf"
+  local name=$1 port=$2 conf="$RUN_DIR/$1.conf" master
   mkdir -p "$RUN_DIR/$name"
+  master=$(current_master)
+  # A file that names another master is from before a failover this sentinel missed (it
+  # was down): started on it, it would name the old master until the others told it.
+  if [ -s "$conf" ] && ! grep -q "^sentinel monitor $REDIS_MASTER_NAME $master " "$conf"; then
+    rm -f "$conf"
+  fi
   if [ ! -s "$conf" ]; then
     cat >"$conf" <<CONF
 port $port
@@ -207,7 +223,7 @@ daemonize yes
 pidfile $(pidfile "$name")
 logfile $RUN_DIR/$name.log
 dir $RUN_DIR/$name
-sentinel monitor $REDIS_MASTER_NAME $(current_master) 2
+sentinel monitor $REDIS_MASTER_NAME $master 2
 sentinel down-after-milliseconds $REDIS_MASTER_NAME $DOWN_AFTER_MS
 sentinel failover-timeout $REDIS_MASTER_NAME $FAILOVER_TIMEOUT_MS
 sentinel parallel-syncs $REDIS_MASTER_NAME 1
@@ -290,10 +306,27 @@ start_cluster_node() {
     --appendonly yes --appendfsync everysec \
     --cluster-enabled yes --cluster-config-file nodes.conf \
     --cluster-node-timeout "$CLUSTER_NODE_TIMEOUT_MS" \
+    --repl-diskless-sync-delay 0 \
     --cluster-require-full-coverage no \
     --dir "$RUN_DIR/$name" --daemonize yes --pidfile "$(pidfile "$name")" \
     --logfile "$RUN_DIR/$name.log" >/dev/null
   wait_for_redis "$name" "$port"
+}
+
+# Until every replica has synced with its master: a replica that never synced refuses to
+# take over (its data could be anything), so a master killed before that stayed down until
+# the next `up` (Redis waits 5 s before a first sync by default; the nodes here do not).
+wait_for_cluster_replicas() {
+  local node port deadline=$((SECONDS + READY_TIMEOUT_S))
+  for node in "${cluster_nodes[@]}"; do
+    port=$(port_of "$node")
+    [ "$(replication_field "$port" role)" = slave ] || continue
+    until [ "$(replication_field "$port" master_link_status)" = up ]; do
+      [ $SECONDS -ge $deadline ] && die "$node: its replication link is not up within ${READY_TIMEOUT_S}s"
+      sleep 0.2
+    done
+  done
+  echo "cluster replicas: each has synced with its master"
 }
 
 # A field of `CLUSTER INFO` of the node on port $1; empty when it does not answer.
@@ -438,9 +471,12 @@ up() {
   if [ "$topology" = sentinel ]; then
     # shellcheck disable=SC2086 # one service a word
     services=$(sentinel_start_order $services)
-  else
-    # The single topology writes to REDIS_PORT's server: from now on it has the newest data.
-    rm -f "$(master_file)"
+  elif [ -s "$(master_file)" ] && [ "$(cat "$(master_file)")" != "127.0.0.1 $REDIS_PORT" ]; then
+    # The single topology runs REDIS_PORT's server on its own data, which a failover left
+    # behind: started so, it would put the sales made since up for sale again.
+    die "the last sentinel run ended with its master on $(cat "$(master_file)" | tr ' ' :), \
+not on REDIS_PORT ($REDIS_PORT): its data is newer than what a single stack would start \
+from. Run TOPOLOGY=sentinel, or remove $(master_file) to start from the older data"
   fi
   for svc in $services; do
     running "$svc" && continue
@@ -476,6 +512,7 @@ up() {
       ;;
     cluster)
       create_cluster
+      wait_for_cluster_replicas
       if ! app_knows_cluster; then
         echo "cluster ready: ${#cluster_nodes[@]} nodes from 127.0.0.1:$NODE1_PORT (run dir $RUN_DIR)"
         echo "note: the instances and nginx are not started on the cluster yet: $(basename "$INVENTORY_BIN") does not read REDIS_CLUSTER"
