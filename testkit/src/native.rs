@@ -184,24 +184,25 @@ pub fn stack_script_in(
     }
     command.envs(env.iter().copied());
     if verb == "up" {
-        down_when_this_process_ends(script, run_dir, inventory);
+        down_when_gone(std::process::id(), script, run_dir, inventory);
     }
     command.output().expect("run scripts/stack.sh")
 }
 
-/// Runs `stack.sh down` on `run_dir` once this test process is gone, however it ends. A
-/// failed assertion's `Drop` does it already ([`DownOnDrop`]), but a test interrupted by a
-/// signal (Ctrl-C, the runner's SIGINT, SIGKILL) runs no `Drop`, and the stack's daemons
-/// lead sessions of their own: whole stacks stayed up, for good. A watchdog in a process
-/// group of its own, started once per run directory with the stack; once the stack's own
-/// `Drop` has removed the directory, it has nothing to do.
-fn down_when_this_process_ends(script: &Path, run_dir: &Path, inventory: &Path) {
+/// Runs `stack.sh down` on `run_dir` once process `pid` (the test's own, when a test starts
+/// a stack) is gone, however it ends. A failed assertion's `Drop` does it already
+/// ([`DownOnDrop`]), but a test interrupted by a signal (Ctrl-C, the runner's SIGINT,
+/// SIGKILL) runs no `Drop`, and the stack's daemons lead sessions of their own: whole stacks
+/// stayed up, for good. A watchdog in a process group of its own, started once per run
+/// directory and process; once the stack's own `Drop` has removed the directory, it has
+/// nothing to do.
+pub fn down_when_gone(pid: u32, script: &Path, run_dir: &Path, inventory: &Path) {
     use std::os::unix::process::CommandExt;
-    static WATCHED: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+    static WATCHED: std::sync::Mutex<std::collections::BTreeSet<(u32, PathBuf)>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     let first = WATCHED
         .lock()
-        .map(|mut watched| watched.insert(run_dir.to_owned()))
+        .map(|mut watched| watched.insert((pid, run_dir.to_owned())))
         .unwrap_or(false);
     if !first {
         return;
@@ -214,7 +215,7 @@ fn down_when_this_process_ends(script: &Path, run_dir: &Path, inventory: &Path) 
             r#"while kill -0 "$WATCHED_PID" 2>/dev/null; do sleep 0.5; done
                [ -d "$RUN_DIR" ] && exec "$STACK_SCRIPT" down >/dev/null 2>&1"#,
         )
-        .env("WATCHED_PID", std::process::id().to_string())
+        .env("WATCHED_PID", pid.to_string())
         .env("RUN_DIR", run_dir)
         .env("STACK_SCRIPT", script)
         .env("INVENTORY_BIN", inventory)

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use inventory::lock::Strategy;
 use loadtest::{LoadTest, Plan, StrategyReport, Verdict};
@@ -550,4 +551,51 @@ async fn nginx_waits_for_an_instance_as_long_as_its_sale_budget_and_no_longer() 
             .any(|l| l.trim_start().starts_with("proxy_read_timeout")),
         "set once, by the including file"
     );
+}
+
+/// A native stack started by a test goes down once the test's process is gone, even killed
+/// by a signal that runs no `Drop`: interrupting the suite left whole stacks running for
+/// good (their daemons lead sessions of their own). The watchdog every test stack gets,
+/// here watching a stand-in process killed with SIGKILL.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_native_stack_goes_down_when_the_process_that_started_it_is_killed() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let ports = native::free_ports();
+    let script = repo_path("scripts/stack.sh");
+    let inventory: &std::path::Path = env!("CARGO_BIN_EXE_inventory").as_ref();
+    let _down = native::DownOnDrop {
+        script: &script,
+        run_dir: run_dir.path(),
+        inventory,
+    };
+    let up = stack_script(run_dir.path(), ports, "up");
+    assert!(up.status.success(), "{}", text(&up));
+    let pids: Vec<String> = native::pid_files(run_dir.path())
+        .iter()
+        .map(|file| std::fs::read_to_string(file).unwrap().trim().to_owned())
+        .collect();
+    let mut stand_in = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    native::down_when_gone(stand_in.id(), &script, run_dir.path(), inventory);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        pids.iter().all(|p| alive(p)),
+        "nothing stopped while it lives"
+    );
+    stand_in.kill().unwrap();
+    stand_in.wait().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while pids.iter().any(|p| alive(p)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still running 15 s after: {:?}",
+            pids.iter().filter(|p| alive(p)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for port in ports {
+        assert!(!listening(port), "port {port} still taken");
+    }
 }
