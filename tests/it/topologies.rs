@@ -84,6 +84,22 @@ impl TopologyStack {
         format!("http://127.0.0.1:{}{path}", self.ports.port("nginx"))
     }
 
+    /// `up` of a sentinel stack, which must name `master` (a service) as the master; what
+    /// `up` and then `status` printed.
+    fn up_with_master(&self, master: &str) -> (String, String) {
+        let up = self.script("up");
+        assert!(up.contains("stack ready (sentinel)"), "{up}");
+        let status = self.script("status");
+        assert!(
+            status.contains(&format!(
+                "master now (says sentinel1): 127.0.0.1:{}",
+                self.ports.port(master)
+            )),
+            "{up}\n{status}"
+        );
+        (up, status)
+    }
+
     fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.run_dir.path().join(format!("{name}.log"))).unwrap_or_default()
     }
@@ -292,16 +308,7 @@ async fn the_sentinel_stack_sells_through_nginx_again_within_down_after_plus_fai
     // data is the newest: the old master on REDIS_PORT rejoins as its replica, instead of
     // being master again with the stock of before the failover (the sales answered 200
     // since then were for sale again).
-    let up = stack.script("up");
-    assert!(up.contains("stack ready (sentinel)"), "{up}");
-    let status = stack.script("status");
-    assert!(
-        status.contains(&format!(
-            "master now (says sentinel1): 127.0.0.1:{}",
-            stack.ports.port(promoted)
-        )),
-        "{status}"
-    );
+    let (_, status) = stack.up_with_master(promoted);
     assert_eq!(audit().await, before, "{status}");
     let footprint = stack.footprint();
     stack.script("down");
@@ -623,16 +630,7 @@ async fn up_repairs_a_sentinel_stack_whose_sentinels_and_master_were_killed_afte
         let pid = stack.pid(service).unwrap();
         kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
     }
-    let up = stack.script("up");
-    assert!(up.contains("stack ready (sentinel)"), "{up}");
-    let status = stack.script("status");
-    assert!(
-        status.contains(&format!(
-            "master now (says sentinel1): 127.0.0.1:{}",
-            stack.ports.port(promoted)
-        )),
-        "{status}"
-    );
+    let (up, status) = stack.up_with_master(promoted);
     // One master among the servers: the old one, if the sentinels had not yet made it a
     // replica when they were killed, was made one by `up`.
     assert_eq!(status.matches(": master, ").count(), 1, "{up}\n{status}");
