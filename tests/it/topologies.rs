@@ -100,6 +100,17 @@ impl TopologyStack {
         (up, status)
     }
 
+    /// The default item's audit, through nginx.
+    async fn audit(&self, http: &reqwest::Client) -> serde_json::Value {
+        http.get(self.url("/inventory/audit"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.run_dir.path().join(format!("{name}.log"))).unwrap_or_default()
     }
@@ -282,14 +293,7 @@ async fn the_sentinel_stack_sells_through_nginx_again_within_down_after_plus_fai
     );
     assert!(status.contains("redis: stopped"), "{status}");
     let audit = async || {
-        let audit: serde_json::Value = http
-            .get(stack.url("/inventory/audit"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let audit = stack.audit(&http).await;
         (audit["remaining"].clone(), audit["sales"].clone())
     };
     let before = audit().await;
@@ -643,14 +647,7 @@ async fn up_repairs_a_sentinel_stack_whose_sentinels_and_master_were_killed_afte
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let audit: serde_json::Value = http
-        .get(stack.url("/inventory/audit"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let audit = stack.audit(&http).await;
     assert_eq!(
         (&audit["sales"], &audit["remaining"]),
         (&7.into(), &13.into()),
