@@ -675,4 +675,32 @@ mod tests {
         let config = Config::try_parse_from(["inventory", "--admin-token", "t0k"]).unwrap();
         assert_eq!(config.admin_token.as_deref(), Some("t0k"));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::{any, prop_assert, prop_assert_eq, prop_oneof, proptest};
+        use proptest::strategy::Strategy as _;
+
+        proptest! {
+            /// A whole-number setting takes exactly the digits of a number in its range, and
+            /// names the range for anything else.
+            #[test]
+            fn a_whole_number_setting_takes_its_range_and_names_it_otherwise(
+                value in prop_oneof![any::<String>(), "[-+ 0-9.e]{0,22}", (0..=20_000u64).prop_map(|n| n.to_string())],
+            ) {
+                match whole::<1, 10_000>(&value) {
+                    Ok(n) => {
+                        prop_assert!((1..=10_000).contains(&n));
+                        let written = n.to_string();
+                        prop_assert_eq!(written.trim_start_matches('0'), value.trim_start_matches('0'));
+                    }
+                    Err(refusal) => {
+                        prop_assert!(refusal.contains("1..=10000"), "{}", refusal);
+                        let in_range = value.parse::<u64>().is_ok_and(|n| (1..=10_000).contains(&n));
+                        prop_assert!(!in_range || !value.bytes().all(|b| b.is_ascii_digit()), "{:?}", value);
+                    }
+                }
+            }
+        }
+    }
 }

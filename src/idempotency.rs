@@ -141,4 +141,47 @@ mod tests {
         assert_eq!(parse("sold_out"), Prior::SoldOut);
         assert_eq!(parse("pending:o-2"), Prior::InProgress);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// An accepted key cannot leave its Redis key name; every key of the alphabet is
+            /// accepted.
+            #[test]
+            fn an_accepted_key_stays_inside_its_redis_key(
+                key in prop_oneof![any::<String>(), "[A-Za-z0-9_.:{} -]{0,140}"],
+            ) {
+                if let Ok(accepted) = Key::try_from(key.as_str()) {
+                    prop_assert_eq!(accepted.as_str(), key.as_str());
+                    prop_assert!((1..=MAX_KEY_LEN).contains(&key.len()));
+                    prop_assert!(!key.contains(['{', '}', ' ']), "{:?}", key);
+                    prop_assert!(key.is_ascii() && !key.chars().any(char::is_control));
+                }
+            }
+
+            #[test]
+            fn every_key_of_the_alphabet_is_accepted(key in "[A-Za-z0-9_.:-]{1,128}") {
+                prop_assert!(Key::try_from(key.as_str()).is_ok());
+            }
+
+            /// Whatever a key holds (another version's value, a damaged one), a retry never
+            /// reads it as "sold out" unless it says exactly that, and never as a sale unless
+            /// it holds one: anything else reads as in progress, which never sells again.
+            #[test]
+            fn an_unknown_value_never_reads_as_sold_out_or_as_a_sale(
+                value in prop_oneof![any::<String>(), "(sold:|pending:|sold_out)[ -~]{0,40}"],
+            ) {
+                match parse(&value) {
+                    Prior::SoldOut => prop_assert_eq!(value.as_str(), SOLD_OUT),
+                    Prior::Sold(entry) => {
+                        let json = value.strip_prefix("sold:").expect("a sale's prefix");
+                        prop_assert_eq!(serde_json::from_str::<SoldEntry>(json).ok(), Some(entry));
+                    }
+                    Prior::InProgress => {}
+                }
+            }
+        }
+    }
 }

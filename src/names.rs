@@ -58,4 +58,39 @@ mod tests {
             assert!(refusal.contains("^[A-Za-z0-9_-]{1,32}$"), "{refusal}");
         }
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Whatever a client sends, an id that is accepted cannot leave its hash tag or
+            /// its prefix, and a refusal quotes the rule without echoing a control character.
+            #[test]
+            fn an_accepted_id_stays_inside_its_key_and_a_refusal_names_the_rule(
+                id in prop_oneof![any::<String>(), "[A-Za-z0-9_{}:/ .-]{0,40}"],
+            ) {
+                match parse_item_id(&id) {
+                    Ok(accepted) => {
+                        prop_assert_eq!(&accepted, &id);
+                        prop_assert!((1..=ITEM_ID_MAX).contains(&id.len()));
+                        prop_assert!(!id.contains(['{', '}', ':', '/', ' ']), "{:?}", id);
+                        prop_assert!(id.is_ascii() && !id.chars().any(char::is_control));
+                        prop_assert!(!RESERVED_ITEM_IDS.contains(&id.as_str()));
+                    }
+                    Err(refusal) => {
+                        prop_assert!(refusal.contains(ITEM_ID_PATTERN), "{}", refusal);
+                        prop_assert!(!refusal.chars().any(char::is_control), "{:?}", refusal);
+                    }
+                }
+            }
+
+            /// Every id of the documented pattern is accepted, the two reserved names aside.
+            #[test]
+            fn every_id_of_the_pattern_is_accepted(id in "[A-Za-z0-9_-]{1,32}") {
+                let reserved = RESERVED_ITEM_IDS.contains(&id.as_str());
+                prop_assert_eq!(parse_item_id(&id).is_ok(), !reserved);
+            }
+        }
+    }
 }

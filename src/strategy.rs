@@ -409,4 +409,57 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), count);
     }
+
+    mod properties {
+        use crate::strategy::Strategy;
+        use proptest::prelude::{any, prop, prop_assert, prop_assert_eq, prop_oneof, proptest};
+
+        proptest! {
+            /// A name is accepted only when it is a strategy's name or alias (in any case,
+            /// white space around it aside), and every refusal lists every accepted name.
+            #[test]
+            fn a_name_is_a_strategy_or_its_refusal_lists_them_all(
+                name in prop_oneof![any::<String>(), "[ a-zA-Z-]{0,16}"],
+            ) {
+                match name.parse::<Strategy>() {
+                    Ok(strategy) => {
+                        let info = strategy.info();
+                        let given = name.trim();
+                        prop_assert!(
+                            info.name.eq_ignore_ascii_case(given)
+                                || info.aliases.iter().any(|a| a.eq_ignore_ascii_case(given)),
+                            "{:?} read as {}", name, info.name
+                        );
+                    }
+                    Err(refusal) => {
+                        for accepted in Strategy::accepted_names() {
+                            prop_assert!(refusal.contains(accepted), "{} lacks {}", refusal, accepted);
+                        }
+                    }
+                }
+            }
+
+            /// Every accepted spelling, in any case and padded, reads as one strategy, and that
+            /// strategy's own name reads back to it.
+            #[test]
+            fn every_accepted_spelling_reads_back(
+                index in any::<prop::sample::Index>(),
+                upper in any::<Vec<bool>>(),
+                pad in "[ \t]{0,2}",
+            ) {
+                let names = Strategy::accepted_names();
+                let name = index.get(&names);
+                let cased: String = name
+                    .chars()
+                    .zip(upper.iter().copied().chain(std::iter::repeat(false)))
+                    .map(|(c, up)| if up { c.to_ascii_uppercase() } else { c })
+                    .collect();
+                let strategy = format!("{pad}{cased}{pad}").parse::<Strategy>();
+                prop_assert!(strategy.is_ok(), "{:?}", strategy);
+                if let Ok(strategy) = strategy {
+                    prop_assert_eq!(strategy.name().parse::<Strategy>(), Ok(strategy));
+                }
+            }
+        }
+    }
 }

@@ -118,4 +118,34 @@ mod tests {
         assert!(!constant_time_eq(b"s3cre", b"s3cret"));
         assert!(!constant_time_eq(b"", b"s3cret"));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn tokens_match_exactly_when_they_are_equal(a in any::<Vec<u8>>(), b in any::<Vec<u8>>()) {
+                prop_assert_eq!(constant_time_eq(&a, &b), a == b);
+                prop_assert!(constant_time_eq(&a, &a));
+            }
+
+            /// The bearer scheme in any case, with any run of spaces, gives back the token;
+            /// no other scheme gives anything.
+            #[test]
+            fn the_token_after_the_bearer_scheme_and_only_it_comes_back(
+                scheme in "[bB][eE][aA][rR][eE][rR]",
+                spaces in " {1,4}",
+                token in "[!-~]{1,40}",
+                other in "[A-Za-z]{1,10}",
+            ) {
+                let header = format!("{scheme}{spaces}{token}");
+                prop_assert_eq!(bearer_token(&header), Some(token.as_str()));
+                let header = format!("{other} {token}");
+                if !other.eq_ignore_ascii_case("bearer") {
+                    prop_assert_eq!(bearer_token(&header), None);
+                }
+            }
+        }
+    }
 }

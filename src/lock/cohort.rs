@@ -1021,4 +1021,107 @@ mod tests {
         let drawn: Vec<_> = std::iter::from_fn(|| t.take_token()).collect();
         assert_eq!(drawn, [5, 6, 7]);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn millis(max: u64) -> impl Strategy<Value = Duration> {
+            (0..=max).prop_map(Duration::from_millis)
+        }
+
+        /// What one tenure's acquisition saw: instances behind, its own wait, the mean and the
+        /// next one's wait the release passed on.
+        fn turn()
+        -> impl Strategy<Value = (Option<u64>, Option<Duration>, Option<u32>, Option<Duration>)>
+        {
+            (
+                proptest::option::of(0..200u64),
+                proptest::option::of(millis(1_000)),
+                proptest::option::of(0..100_000u32),
+                proptest::option::of(millis(1_000)),
+            )
+        }
+
+        proptest! {
+            /// Over any run of turns: a tenure never outlasts the longest one configured,
+            /// never keeps the next in line past the longest wait unless it is cut to its
+            /// first critical section, never gets a cap when nobody waits or when it was cut,
+            /// and the round stays within its bounds.
+            #[test]
+            fn a_tenure_stays_within_every_bound_over_any_run_of_turns(
+                longest in (1..=1_000u64).prop_map(Duration::from_millis),
+                turns in proptest::collection::vec(turn(), 1..60),
+            ) {
+                let cohort = Cohort::passing_on(Arc::new(AtomicU32::new(0)));
+                for (behind, waited, passed_on, next_waited) in turns {
+                    let (quantum, cap) = cohort.allot(longest, behind, waited, passed_on, next_waited);
+                    prop_assert!(quantum <= longest);
+                    let share = u32::try_from(behind.unwrap_or(0) + 1).unwrap_or(u32::MAX);
+                    prop_assert!(quantum <= (TARGET_WAIT / share).max(MIN_QUANTUM));
+                    if let Some(w) = next_waited {
+                        prop_assert!(
+                            quantum.is_zero() || w + quantum + HAND_OFF_ALLOWANCE <= LONGEST_WAIT,
+                            "the next one waited {w:?}, and the tenure is {quantum:?}"
+                        );
+                    }
+                    let cut = next_waited.is_some_and(|w| w + HAND_OFF_ALLOWANCE + MIN_QUANTUM.min(longest) > LONGEST_WAIT);
+                    if behind.unwrap_or(0) == 0 || cut {
+                        prop_assert_eq!(cap, None);
+                    }
+                    if let Some(cap) = cap {
+                        prop_assert!(cap >= 2, "a cap lets a tenure pass the lock at least once");
+                    }
+                    let round = cohort.state.lock().map(|s| s.round).unwrap_or_default();
+                    prop_assert!((ROUND..=TARGET_WAIT).contains(&round) || round.is_zero());
+                }
+            }
+
+            /// A later turn never makes the next round longer.
+            #[test]
+            fn the_round_never_grows_for_a_later_turn(
+                round in millis(200),
+                earlier in millis(1_000),
+                later in millis(1_000),
+            ) {
+                let (earlier, later) = (earlier.min(later), earlier.max(later));
+                let (a, b) = (next_round(round, earlier), next_round(round, later));
+                prop_assert!(a >= b, "{earlier:?} -> {a:?}, {later:?} -> {b:?}");
+                prop_assert!((ROUND..=TARGET_WAIT).contains(&a));
+            }
+
+            /// The mean passed on lies between the last mean and what the tenure got, and
+            /// never below two critical sections.
+            #[test]
+            fn the_mean_passed_on_moves_towards_what_the_tenure_got(
+                mean in proptest::option::of(any::<u32>()),
+                passes in any::<u32>(),
+                capped in any::<bool>(),
+            ) {
+                let next = u64::from(next_mean(mean, passes, capped));
+                let got = u64::from(passes.saturating_add(u32::from(capped))) * 256;
+                let (lo, hi) = match mean {
+                    Some(m) => (got.min(u64::from(m)), got.max(u64::from(m))),
+                    None => (got, got),
+                };
+                prop_assert!(next >= 512);
+                prop_assert!(next >= lo.max(512).min(u64::from(u32::MAX)));
+                prop_assert!(next <= hi.max(512).min(u64::from(u32::MAX)));
+            }
+
+            /// Tokens drawn ahead come out once each, in order: a fencing token never goes
+            /// backwards within a tenure.
+            #[test]
+            fn tokens_drawn_ahead_never_go_backwards(first in any::<u64>(), more in 0..64u64) {
+                let last = first.saturating_add(more);
+                let mut t = tenure(Instant::now());
+                t.tokens = Some((first, last));
+                let drawn: Vec<_> = std::iter::from_fn(|| t.take_token()).take(100).collect();
+                prop_assert_eq!(drawn.len() as u64, last - first + 1);
+                prop_assert!(drawn.windows(2).all(|w| w[1] == w[0] + 1));
+                prop_assert_eq!(drawn.first().copied(), Some(first));
+                prop_assert_eq!(drawn.last().copied(), Some(last));
+            }
+        }
+    }
 }

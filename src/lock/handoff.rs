@@ -299,4 +299,86 @@ mod tests {
             "both ends of the block"
         );
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A shape as a release script writes it: a word, never all digits, never a `|`.
+        fn shape() -> impl Strategy<Value = String> {
+            "[a-z][a-z0-9_-]{0,15}"
+        }
+
+        proptest! {
+            /// The message comes from Redis: whatever it holds, reading it never panics, and
+            /// what it reads always has a shape and an owner.
+            #[test]
+            fn any_message_reads_without_panicking(
+                message in prop_oneof![any::<String>(), "[0-9|a-z]{0,24}", "([0-9]{0,21}[|]){0,7}[a-z|]{0,3}"],
+            ) {
+                if let Some(handed) = Handed::parse(&message) {
+                    prop_assert!(!handed.shape.is_empty());
+                    prop_assert!(!handed.owner.is_empty());
+                    prop_assert!(!handed.shape.bytes().all(|b| b.is_ascii_digit()));
+                }
+            }
+
+            /// Every message of the current form reads back field by field, whatever the
+            /// owner holds (`|` included), and the fencing range never runs backwards.
+            #[test]
+            fn a_message_of_the_current_form_reads_back(
+                behind in any::<u64>(),
+                token in any::<u64>(),
+                last in any::<u64>(),
+                passes in any::<u32>(),
+                next_waited in any::<u64>(),
+                shape in shape(),
+                owner in ".+",
+            ) {
+                let message = format!("{behind}|{token}|{last}|{passes}|{next_waited}|{shape}|{owner}");
+                let handed = Handed::parse(&message).expect("a message of the current form");
+                prop_assert_eq!(
+                    (handed.behind, handed.token, handed.last, handed.shape, handed.owner),
+                    (behind, token, last, shape.as_str(), owner.as_str())
+                );
+                prop_assert_eq!(handed.tenure_mean, (passes > 0).then_some(passes));
+                prop_assert_eq!(
+                    handed.next_waited,
+                    (next_waited > 0).then(|| Duration::from_millis(next_waited))
+                );
+                match (handed.fence(), handed.fence_to()) {
+                    (Some(from), Some(to)) => {
+                        prop_assert_eq!(shape.as_str(), "fenced");
+                        prop_assert!(to >= from, "the block runs forwards");
+                    }
+                    (None, None) => prop_assert_ne!(shape.as_str(), "fenced"),
+                    other => prop_assert!(false, "a fence without its block: {other:?}"),
+                }
+            }
+
+            /// Older releases' messages (without the next one's wait, or without the mean as
+            /// well) read with those fields absent, never shifted into the others.
+            #[test]
+            fn an_older_message_reads_with_the_missing_fields_absent(
+                behind in any::<u64>(),
+                token in any::<u64>(),
+                last in any::<u64>(),
+                passes in 1..=u32::MAX,
+                shape in shape(),
+                owner in ".+",
+                with_mean in any::<bool>(),
+            ) {
+                let message = if with_mean {
+                    format!("{behind}|{token}|{last}|{passes}|{shape}|{owner}")
+                } else {
+                    format!("{behind}|{token}|{last}|{shape}|{owner}")
+                };
+                let handed = Handed::parse(&message).expect("an older form");
+                prop_assert_eq!((handed.behind, handed.token, handed.last), (behind, token, last));
+                prop_assert_eq!(handed.tenure_mean, with_mean.then_some(passes));
+                prop_assert_eq!(handed.next_waited, None);
+                prop_assert_eq!((handed.shape, handed.owner), (shape.as_str(), owner.as_str()));
+            }
+        }
+    }
 }
