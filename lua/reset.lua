@@ -3,8 +3,10 @@
 -- beside a sale that has not read yet (it would read the new stock and write as if it held
 -- the lock alone), and let a naive release delete the next holder's lock. The holder's sale
 -- is refused if it read before the reset, and writes the new stock correctly if it reads
--- after. Only a lock without a lease (`setnx`, whose holder may have crashed: its flaw) is
--- deleted, since nothing else would ever free it.
+-- after. A lock without a lease (`setnx`'s, whose holder may have crashed: its flaw) gets
+-- the lease every other lock is taken with, rather than being deleted: a live holder keeps
+-- it for the rest of its sale (deleted, it let a second sale in beside its own, and the
+-- two sold one unit twice), and a dead holder's frees itself when that lease runs out.
 -- The fencing counter and the newest token seen are kept: a token must never go backwards,
 -- or a sale that drew one before the reset could pass the fence after it. A sale in flight
 -- read the stock before the reset; moving the lock-free write count refuses its write. It
@@ -18,17 +20,14 @@
 -- KEYS[6]: the values sold more than once
 -- KEYS[7]: the lock key
 -- KEYS[8]: the count of lock-free writes
--- KEYS[9]: the release signal, so that one waiter on a deleted lock retries at once
 -- ARGV[1]: the new stock
--- ARGV[2]: release channel, told so that waiters on a deleted lock retry at once
--- ARGV[3]: the command that tells it: PUBLISH, or SPUBLISH on a cluster (sharded pub/sub)
+-- ARGV[2]: the lease a lock without one gets, in milliseconds (`LOCK_TTL_MS`)
 -- returns: the new stock
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
-local freed = redis.call('PTTL', KEYS[7]) == -1
-if freed then
-  redis.call('DEL', KEYS[7])
+if redis.call('PTTL', KEYS[7]) == -1 then
+  redis.call('PEXPIRE', KEYS[7], ARGV[2])
 end
 local now = redis.call('TIME')
 local count = tonumber(redis.call('GET', KEYS[8]) or '0')
@@ -37,10 +36,5 @@ if tonumber(clock) > count then
   redis.call('SET', KEYS[8], clock)
 else
   redis.call('INCR', KEYS[8])
-end
-if freed then
-  redis.call(ARGV[3], ARGV[2], 'reset')
-  redis.call('DEL', KEYS[9])
-  redis.call('RPUSH', KEYS[9], 'reset')
 end
 return tonumber(ARGV[1])

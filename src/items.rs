@@ -93,6 +93,11 @@ impl Items {
         self.default.id()
     }
 
+    /// The lease every lock is taken with, the same for every item.
+    pub fn lease(&self) -> std::time::Duration {
+        self.default.locks.lease()
+    }
+
     /// The item's machinery, built now if it has none. `id` must be a valid item id
     /// ([`crate::names::parse_item_id`]). Hold the `Arc` for the whole sale: an item is
     /// dropped only when nothing holds it.

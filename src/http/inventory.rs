@@ -650,7 +650,10 @@ async fn restock(
         )));
     }
     let store = app.seller.items.store(item);
-    store.reset(reset.stock).await.map_err(ApiError::Reset)?;
+    store
+        .reset(reset.stock, app.seller.items.lease())
+        .await
+        .map_err(ApiError::Reset)?;
     app.seller.items.restocked(item);
     tracing::info!(item, stock = reset.stock, "inventory reset");
     let inventory = store.inventory().await?;

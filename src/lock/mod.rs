@@ -499,6 +499,11 @@ impl Locks {
         &self.cx.store
     }
 
+    /// The lease every lock is taken with (`LOCK_TTL_MS`).
+    pub fn lease(&self) -> Duration {
+        self.cx.ttl
+    }
+
     /// No sale waits for this item's lock here, and no hand-off is owed: dropping it now
     /// strands nobody.
     pub fn is_idle(&self) -> bool {

@@ -1,10 +1,11 @@
 //! `setnx` (tutorial v3): `SET lock owner NX` with no lease, `DEL` to release.
 //! Fixes: `local`'s oversell behind nginx: the lock lives in Redis, shared by every instance.
 //! Still wrong: nothing ever expires the key, so a holder that dies mid-sale leaves the item
-//! locked forever and every later sale times out. The only way out, a reset, deletes a live
-//! holder's lock too; that holder's sale is refused (`stock_changed`), but its `DEL` checks no
-//! owner and deletes the next holder's lock, so two sales then run at once and one unit is
-//! sold twice (`owner-check` is the version that looks before it deletes).
+//! locked forever and every later sale times out. The only way out is a reset, which gives
+//! the lock the lease the other versions take (`LOCK_TTL_MS`) rather than deleting it: a
+//! dead holder's lock frees itself when that runs out, and a live holder keeps its lock for
+//! the rest of its sale (deleting it let a second sale in beside the first, and the two sold
+//! one unit twice).
 
 use redis::RedisResult;
 

@@ -1364,8 +1364,10 @@ impl Store {
         Ok(settled == 1)
     }
 
-    pub async fn reset(&self, stock: i64) -> RedisResult<()> {
-        let reset = &scripts::reset(&self.keys, stock);
+    /// New stock, an empty ledger and audit; a lock without a lease (`setnx`'s) gets
+    /// `orphan_lease`, so that a dead holder's frees itself and a live one's stays its own.
+    pub async fn reset(&self, stock: i64, orphan_lease: Duration) -> RedisResult<()> {
+        let reset = &scripts::reset(&self.keys, stock, orphan_lease);
         self.call(|mut c| async move { reset.invoke_async::<i64>(&mut c).await })
             .await
             .map(drop)

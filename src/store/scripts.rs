@@ -316,8 +316,8 @@ pub fn idempotency_settle(
     i
 }
 
-/// Restocks: 1 when it also freed a lock that had no lease.
-pub fn reset(keys: &Keys, stock: i64) -> ScriptInvocation<'static> {
+/// Restocks; a lock without a lease gets `orphan_lease` (`lua/reset.lua`).
+pub fn reset(keys: &Keys, stock: i64, orphan_lease: Duration) -> ScriptInvocation<'static> {
     let mut i = RESET.key(&keys.stock);
     i.key(&keys.initial)
         .key(&keys.ledger)
@@ -326,9 +326,7 @@ pub fn reset(keys: &Keys, stock: i64) -> ScriptInvocation<'static> {
         .key(&keys.duplicates)
         .key(&keys.lock)
         .key(&keys.lockfree_writes)
-        .key(&keys.signal)
         .arg(stock)
-        .arg(&keys.released)
-        .arg(keys.publish());
+        .arg(orphan_lease.as_millis().max(1).to_string());
     i
 }

@@ -298,7 +298,8 @@ async fn reset_needs_the_admin_token_when_one_is_set() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reset_restores_stock_and_clears_ledger_fencing_and_lock() {
-    let cluster = Cluster::start(1, |b| b).await;
+    // A lease short against the wait budget: the stuck lock frees itself within it.
+    let cluster = Cluster::start(1, |b| b.env("LOCK_TTL_MS", 1000)).await;
     let app = &cluster.instances[0];
     app.reset(3).await;
     app.sale("").await;
@@ -317,8 +318,16 @@ async fn reset_restores_stock_and_clears_ledger_fencing_and_lock() {
     assert_eq!(reply.body["sales"], 0);
     let audit = app.audit().await;
     assert_eq!(audit["clean"], true, "{audit}");
+    // The lease-less lock (a crashed `setnx` holder's, or a live one's) got the lease every
+    // lock is taken with: it frees itself then, and a live holder keeps it until then.
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&keys.lock)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!((1..=1000).contains(&pttl), "the stuck lock got no lease: {pttl}");
     let sold = app.sale("strategy=setnx").await;
-    assert_eq!(sold.status, 200, "the stuck lock was cleared: {sold:?}");
+    assert_eq!(sold.status, 200, "the stuck lock freed itself: {sold:?}");
     assert_eq!(sold.body["remaining"], 7);
 }
 

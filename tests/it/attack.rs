@@ -106,8 +106,10 @@ async fn attack_a_reset_lets_a_naive_release_delete_the_next_holders_lock() {
     let lock = lock_key();
     let mut broken = Vec::new();
     for (first, then) in [
-        // Not `setnx`: its lock has no lease, so a reset is the only thing that frees it after
-        // a crash, and it frees a live holder's too (README: "Choosing the lease").
+        // `setnx`'s lock has no lease: a reset gives it one instead of deleting it, so its
+        // live holder keeps it too.
+        ("setnx", "setnx"),
+        ("setnx", "lua-release"),
         ("setnx-ttl", "setnx-ttl"),
         ("setnx-ttl", "lua-release"),
         ("setnx-ttl", "reentrant"),
@@ -1367,7 +1369,8 @@ impl DelayingProxy {
 }
 
 /// app1's sale takes the lock; its stock read is delayed 600 ms on the wire. Meanwhile the
-/// admin resets the stock through app2: the reset deletes the lock and bumps the lock-free
+/// admin resets the stock through app2: the reset deleted the lock (now it leaves a leased
+/// lock alone and gives `setnx`'s lease-less one a lease) and bumps the lock-free
 /// write count, but app1's sale has not read yet, so the count it will read is the new one.
 /// A second buyer (app2, same strategy) takes the free lock and reads 10; app1's read
 /// arrives and also reads 10; both write 9. The fix for issue 8 (the lock-free count
@@ -1390,6 +1393,8 @@ async fn attack_a_reset_between_a_sales_acquire_and_its_read_takes_its_lock_sile
     let lock = lock_key();
     let mut broken = Vec::new();
     for strategy in [
+        // `setnx` too: a reset used to delete its lease-less lock, a live holder's included.
+        "setnx",
         "lua-release",
         "owner-check",
         "setnx-ttl",

@@ -12,6 +12,8 @@ use redis::aio::MultiplexedConnection;
 use testkit::fixture::RedisServer;
 
 const TTL_MS: u64 = 5_000;
+/// The lease a reset gives a lock that has none (an instance passes its `LOCK_TTL_MS`).
+const LEASE: Duration = Duration::from_millis(TTL_MS);
 
 async fn setup() -> (RedisServer, MultiplexedConnection, Keys) {
     let redis = RedisServer::start().await;
@@ -228,7 +230,7 @@ fn entry<'a>(claim: Option<&'a Claim>) -> Entry<'a> {
 async fn the_fenced_write_refuses_a_token_older_than_the_newest_seen() {
     let (redis, mut c, k) = setup().await;
     let store = store(&redis);
-    store.reset(10).await.unwrap();
+    store.reset(10, LEASE).await.unwrap();
     let lockfree = read(&store, Some(7)).await.1;
 
     let write = |stock, fence| {
@@ -304,7 +306,7 @@ async fn read_as(store: &Store, kind: LockKind, fence: Option<u64>) -> (Option<i
 async fn an_unfenced_write_records_the_sale_and_counts_a_value_sold_twice() {
     let (redis, _c, _k) = setup().await;
     let store = store(&redis);
-    store.reset(5).await.unwrap();
+    store.reset(5, LEASE).await.unwrap();
     let (_, lockfree) = read(&store, None).await;
     for _ in 0..3 {
         let written = store.record_sale(4, &entry(None), None, lockfree).await;
@@ -330,7 +332,7 @@ async fn an_unfenced_write_records_the_sale_and_counts_a_value_sold_twice() {
 async fn every_ledger_entry_is_json_whatever_the_instance_is_called() {
     let (redis, _c, _k) = setup().await;
     let store = store(&redis);
-    store.reset(1_000_000).await.unwrap();
+    store.reset(1_000_000, LEASE).await.unwrap();
     let awkward = "app \"1\" \\ é\u{7}";
     let entry = Entry {
         order_id: "o-\"2",
@@ -373,7 +375,7 @@ async fn every_ledger_entry_is_json_whatever_the_instance_is_called() {
 async fn the_atomic_sale_stops_at_zero() {
     let (redis, _c, _k) = setup().await;
     let store = store(&redis);
-    store.reset(2).await.unwrap();
+    store.reset(2, LEASE).await.unwrap();
     let mut left = Vec::new();
     for _ in 0..4 {
         left.push(store.atomic_sale(&entry(None)).await.unwrap());
@@ -391,7 +393,7 @@ async fn one_atomic_call_sells_its_sales_in_order_while_stock_lasts_and_audits_e
     use Recorded::*;
     let (redis, mut c, k) = setup().await;
     let store = store(&redis);
-    store.reset(5).await.unwrap();
+    store.reset(5, LEASE).await.unwrap();
     // Two holders of an unsafe lock read 5; one writes 4, a third sale 3, and the stale
     // one writes 4 again: the stock is back up to 4, and 4 was sold twice.
     let (_, stale) = read(&store, None).await;
@@ -484,7 +486,7 @@ async fn a_fenced_write_is_refused_once_a_tokenless_holder_of_its_kind_has_read_
     let (redis, _c, _k) = setup().await;
     let store = store(&redis);
     for (kind, token) in [(LockKind::SingleNode, 100), (LockKind::Quorum, 200)] {
-        store.reset(10).await.unwrap();
+        store.reset(10, LEASE).await.unwrap();
         read_as(&store, kind, None).await;
         let (_, fenced) = read_as(&store, kind, Some(token)).await;
         assert_eq!(
@@ -544,7 +546,7 @@ async fn no_write_creates_a_stock_that_is_not_there() {
 async fn a_locked_write_never_lands_after_a_lock_free_write_it_did_not_see() {
     let (redis, mut c, k) = setup().await;
     let store = store(&redis);
-    store.reset(10).await.unwrap();
+    store.reset(10, LEASE).await.unwrap();
     let (stock, lockfree) = read(&store, Some(1)).await;
     assert_eq!(stock, Some(10));
 
@@ -564,7 +566,7 @@ async fn a_locked_write_never_lands_after_a_lock_free_write_it_did_not_see() {
     }
     // So does a reset.
     let (_, lockfree) = read(&store, None).await;
-    store.reset(100).await.unwrap();
+    store.reset(100, LEASE).await.unwrap();
     assert_eq!(
         store
             .record_sale(8, &entry(None), None, lockfree)
@@ -580,7 +582,7 @@ async fn a_locked_write_never_lands_after_a_lock_free_write_it_did_not_see() {
 async fn a_reset_clears_the_ledger_but_leaves_a_leased_lock_and_fencing_tokens_count_up() {
     let (redis, mut c, k) = setup().await;
     let store = store(&redis);
-    store.reset(10).await.unwrap();
+    store.reset(10, LEASE).await.unwrap();
     let (_, before) = lock_fenced(&mut c, &k, "a").await;
     let (_, lockfree) = read(&store, Some(before as u64)).await;
     store
@@ -588,7 +590,7 @@ async fn a_reset_clears_the_ledger_but_leaves_a_leased_lock_and_fencing_tokens_c
         .await
         .unwrap();
 
-    store.reset(100).await.unwrap();
+    store.reset(100, LEASE).await.unwrap();
     let initial: i64 = c.get(&k.initial).await.unwrap();
     assert_eq!(initial, 100);
     for key in [&k.ledger, &k.sales, &k.sold, &k.duplicates] {
@@ -608,19 +610,34 @@ async fn a_reset_clears_the_ledger_but_leaves_a_leased_lock_and_fencing_tokens_c
         "token {after} after the reset, {before} before"
     );
 
-    // A lock without a lease (setnx's, whose holder may be dead) is the reset's to free.
+    // A lock without a lease (setnx's, whose holder may be dead or may be mid-sale) gets the
+    // lease the others are taken with: a live holder keeps it, a dead one's frees itself.
     let _: () = c.del(&k.lock).await.unwrap();
     let _: () = c.set(&k.lock, "crashed").await.unwrap();
-    store.reset(5).await.unwrap();
-    let exists: bool = c.exists(&k.lock).await.unwrap();
-    assert!(!exists, "a lease-less lock survived the reset");
+    store.reset(5, LEASE).await.unwrap();
+    let holder: Option<String> = c.get(&k.lock).await.unwrap();
+    assert_eq!(
+        holder.as_deref(),
+        Some("crashed"),
+        "the reset took a lease-less lock"
+    );
+    let pttl: i64 = c.pttl(&k.lock).await.unwrap();
+    assert!(
+        (1..=TTL_MS as i64).contains(&pttl),
+        "a lease-less lock got no lease from the reset: {pttl}"
+    );
+    // A second reset leaves the lease it gave alone (it does not restart it).
+    let _: () = c.pexpire(&k.lock, 50).await.unwrap();
+    store.reset(5, LEASE).await.unwrap();
+    let pttl: i64 = c.pttl(&k.lock).await.unwrap();
+    assert!((1..=50).contains(&pttl), "{pttl}");
 }
 
 #[tokio::test]
 async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_with_the_sale() {
     let (redis, mut c, k) = setup().await;
     let store = store(&redis);
-    store.reset(5).await.unwrap();
+    store.reset(5, LEASE).await.unwrap();
     let claim = |order: &str| {
         Claim::new(
             k.idempotency("retry-1"),
@@ -727,7 +744,7 @@ async fn settling_a_claim_needs_the_claim() {
 async fn the_optimistic_write_lands_only_in_an_exec_whose_watch_held_and_refuses_a_locked_write() {
     let (redis, mut c, k) = setup().await;
     let store = store(&redis);
-    store.reset(10).await.unwrap();
+    store.reset(10, LEASE).await.unwrap();
     // A locked sale reads first: the optimistic write must refuse its later write.
     let (_, locked_seen) = read(&store, None).await;
     let sell = store.optimistic_sell(&entry(None), 9);

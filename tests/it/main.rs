@@ -16,6 +16,7 @@ mod leaks;
 mod lease;
 mod loadtest_items;
 mod lua;
+mod model;
 mod optimistic;
 mod pictures;
 mod quorum;
