@@ -17,6 +17,18 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// The form a Redis URL takes, for the messages that refuse one.
 pub const REDIS_URL_FORM: &str = "redis://[[user]:password@]host:port[/db], port 1..=65535";
 
+/// What the Redis client would accept in a URL but this service cannot use, named for the
+/// refusal at start: TLS (`rediss://`; no TLS provider is set up, and the first connection
+/// panicked inside the TLS library), and port 0.
+pub fn unsupported_redis_url(url: &str) -> Option<&'static str> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url).ok()?;
+    match info.addr() {
+        redis::ConnectionAddr::TcpTls { .. } => Some("TLS (rediss://) is not supported"),
+        redis::ConnectionAddr::Tcp(_, 0) => Some("port 0 is no port"),
+        _ => None,
+    }
+}
+
 /// An inventory-sale service whose sale is guarded by a switchable distributed lock.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "inventory", version, about, long_about = None)]
@@ -347,6 +359,12 @@ impl LockNodes {
                     "LOCK_NODES: node {node} ({}) is not a Redis URL ({:?}); valid: {REDIS_URL_FORM}",
                     redact(url),
                     e.kind()
+                ));
+            }
+            if let Some(why) = unsupported_redis_url(url) {
+                return Err(format!(
+                    "LOCK_NODES: node {node} ({}): {why}; valid: {REDIS_URL_FORM}",
+                    redact(url)
                 ));
             }
             if nodes.iter().any(|n| n == url) {

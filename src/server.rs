@@ -41,6 +41,12 @@ pub fn build(config: &Config) -> anyhow::Result<(axum::Router, Items)> {
             Store::with_sentinels(sentinels, &config.item_id, config.redis_timeout(), metrics)
                 .map_err(|e| anyhow::anyhow!("no master from REDIS_SENTINELS: {e}"))?
         }
+        (None, None) if let Some(why) = crate::config::unsupported_redis_url(&config.redis_url) => {
+            anyhow::bail!(
+                "REDIS_URL ({}): {why}; valid: {REDIS_URL_FORM}",
+                crate::config::redact(&config.redis_url)
+            )
+        }
         (None, None) => Store::new(
             &config.redis_url,
             &config.item_id,

@@ -368,6 +368,16 @@ fn redis_parts(e: &RedisError, effect: Effect) -> (StatusCode, &'static str, Str
                 effect.refused()
             ),
         )
+    } else if crate::store::is_database_refused(e) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "redis_unavailable",
+            format!(
+                "Redis refused the database REDIS_URL names (its /db must be below the \
+                 server's `databases`, 16 unless configured otherwise){}",
+                effect.refused()
+            ),
+        )
     } else if let Some(why) = crate::lock::redlock::lock_nodes_failure(e) {
         (
             StatusCode::SERVICE_UNAVAILABLE,

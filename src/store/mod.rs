@@ -25,6 +25,13 @@ use sentinel::{Backend, Server};
 
 /// Whether Redis refused our credentials: a wrong or missing password in `REDIS_URL`, or an
 /// ACL user without the rights. Not worth retrying until someone fixes the configuration.
+/// Redis refused to switch to `REDIS_URL`'s database (`/db` at or past the server's
+/// `databases`): a setting that every new connection meets again until one of the two
+/// changes. The client says so in its own words only, so they are what is matched.
+pub fn is_database_refused(e: &RedisError) -> bool {
+    e.to_string().contains("refused to switch database")
+}
+
 pub fn is_auth_error(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))

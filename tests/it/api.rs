@@ -325,7 +325,10 @@ async fn reset_restores_stock_and_clears_ledger_fencing_and_lock() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert!((1..=1000).contains(&pttl), "the stuck lock got no lease: {pttl}");
+    assert!(
+        (1..=1000).contains(&pttl),
+        "the stuck lock got no lease: {pttl}"
+    );
     let sold = app.sale("strategy=setnx").await;
     assert_eq!(sold.status, 200, "the stuck lock freed itself: {sold:?}");
     assert_eq!(sold.body["remaining"], 7);
@@ -549,4 +552,92 @@ async fn the_openapi_document_lists_every_route_and_describes_every_response() {
         page.body.as_str().unwrap().contains("swagger-ui"),
         "{page:?}"
     );
+}
+
+/// Redis URLs the client library would take but the service cannot use are refused at
+/// start, by the setting's name and the reason, with the password hidden: TLS (the first
+/// connection used to panic in the TLS library, and every request after it got no answer or
+/// a 500) and port 0, in `REDIS_URL` and in `LOCK_NODES` alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_urls_the_service_cannot_use_are_refused_at_start_naming_why() {
+    for (variable, url, why) in [
+        ("REDIS_URL", "rediss://:pw-secret@127.0.0.1:6390", "TLS"),
+        ("REDIS_URL", "redis://:pw-secret@127.0.0.1:0", "port 0"),
+        (
+            "LOCK_NODES",
+            "redis://127.0.0.1:6391,rediss://:pw-secret@127.0.0.1:6392,redis://127.0.0.1:6393",
+            "TLS",
+        ),
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory"))
+                .env_clear()
+                .env("PORT", testkit::free_port().unwrap().to_string())
+                .env("BIND_ADDR", "127.0.0.1")
+                .env(variable, url)
+                .output(),
+        )
+        .await
+        .expect("a refused setting stops the start-up, it does not hang")
+        .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !out.status.success(),
+            "{variable}={url}: it started\n{text}"
+        );
+        for expected in [variable, why, "valid: redis://"] {
+            assert!(text.contains(expected), "{variable}={url}: {text}");
+        }
+        assert!(!text.contains("pw-secret"), "the password shown: {text}");
+        assert!(!text.contains("panicked"), "{text}");
+    }
+}
+
+/// A database the Redis server does not have (`REDIS_URL=.../5000` against the default 16):
+/// every route that needs Redis answers 503 naming the database setting, never 500, and
+/// every one of those answers is in the OpenAPI document.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_redis_does_not_have_answers_503_naming_it_on_every_route() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env(
+            "REDIS_URL",
+            format!("redis://127.0.0.1:{}/5000", redis.port()),
+        )
+        .start()
+        .await;
+    let document = app.get("/api-docs/openapi.json").await.body;
+    let http = reqwest::Client::new();
+    for (method, path, documented_at) in [
+        ("GET", "/ready", "/ready"),
+        ("GET", "/inventory", "/inventory"),
+        ("GET", "/inventory/audit", "/inventory/audit"),
+        ("PUT", "/inventory", "/inventory"),
+        ("POST", "/inventory/sale", "/inventory/sale"),
+        ("GET", "/inventory/other/sale", "/inventory/{item}/sale"),
+    ] {
+        let request = http
+            .request(method.parse().unwrap(), app.url(path))
+            .header("content-type", "application/json")
+            .body(r#"{"stock": 5}"#);
+        let reply = app.send(request).await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (503, "redis_unavailable"),
+            "{method} {path}: {}",
+            reply.body
+        );
+        let message = reply.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains("database REDIS_URL names"), "{message}");
+        let operation = &document["paths"][documented_at][method.to_lowercase()];
+        assert!(
+            operation["responses"]["503"].is_object(),
+            "{method} {documented_at} does not document its 503"
+        );
+    }
 }
