@@ -441,6 +441,7 @@ async fn show(app: &AppState, item: &str) -> Result<Json<Inventory>, ApiError> {
 /// A reset of the item.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"stock": 100}))]
+#[serde(deny_unknown_fields)]
 pub struct ResetRequest {
     /// New stock, 0..=1000000000.
     #[schema(minimum = 0, maximum = 1_000_000_000)]
@@ -473,9 +474,12 @@ impl<'de> serde::de::Visitor<'de> for ResetVisitor {
         let mut stock = None;
         while let Some(key) = map.next_key::<String>()? {
             if key != "stock" {
-                // Other fields are ignored, as they always were: a client may send more.
-                map.next_value::<serde::de::IgnoredAny>()?;
-                continue;
+                // Refused, as the sale's unknown parameters are: `{"stock": 5, "stok": 7}`
+                // is a typo whose author meant one of the two numbers.
+                return Err(A::Error::custom(format!(
+                    "unknown field {}; {RESET_SHAPE}",
+                    shown(&format!("{key:?}"))
+                )));
             }
             if stock.is_some() {
                 return Err(A::Error::custom(format!(
@@ -573,8 +577,10 @@ fn shown(text: &str) -> String {
 /// Reset the stock
 ///
 /// Sets the stock and the initial stock of the default item (`ITEM_ID`), empties its sales
-/// ledger and the audit's counters, and deletes its lock. A sale in flight across the reset
-/// is refused (`stock_changed`), and fencing tokens keep counting up. Needs
+/// ledger and the audit's counters. A leased lock stays with its holder; a lock without a
+/// lease (`setnx`'s) gets one of `LOCK_TTL_MS`, so that a crashed holder's frees itself. A
+/// sale that read before the reset is refused (`stock_changed`), and fencing tokens keep
+/// counting up. A field other than `stock` is refused. Needs
 /// `Authorization: Bearer <ADMIN_TOKEN>` when the service has one.
 #[utoipa::path(
     put,
@@ -584,7 +590,7 @@ fn shown(text: &str) -> String {
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The item after the reset", body = Inventory),
-        (status = 400, description = "Stock missing, not a number, or out of range; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
+        (status = 400, description = "Stock missing, not a number, or out of range, or a field other than `stock`; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
             example = json!({"error": "bad_request", "message": "stock is -1; valid: a whole number in 0..=1000000000"})),
         (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
         (status = 408, description = "The body did not arrive within `HEADER_TIMEOUT_MS`: nothing changed", body = ErrorBody),
@@ -617,7 +623,7 @@ async fn reset_inventory(
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The item after the reset", body = Inventory),
-        (status = 400, description = "Stock missing, not a number, or out of range; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
+        (status = 400, description = "Stock missing, not a number, or out of range, or a field other than `stock`; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
             example = json!({"error": "bad_request", "message": "stock is -1; valid: a whole number in 0..=1000000000"})),
         (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
         (status = 408, description = "The body did not arrive within `HEADER_TIMEOUT_MS`: nothing changed", body = ErrorBody),
