@@ -32,22 +32,43 @@ pub struct Killed {
 }
 
 impl Failover {
-    /// Kills the master the sentinel names now.
-    pub async fn kill_master(&self) -> anyhow::Result<(String, String)> {
-        let sentinel = redis::Client::open(format!("redis://{}", self.sentinel))?;
+    /// The master the sentinel names now, `host:port`: asked before a run too, so that a
+    /// wrong `--sentinel` or `--master-name` fails before the load rather than into it.
+    pub async fn master(&self) -> anyhow::Result<String> {
+        let sentinel = &self.sentinel;
+        let client = redis::Client::open(format!("redis://{sentinel}")).map_err(|e| {
+            anyhow::anyhow!("--sentinel {sentinel}: not host:port ({:?})", e.kind())
+        })?;
         let mut c = tokio::time::timeout(
             Duration::from_secs(2),
-            sentinel.get_multiplexed_async_connection(),
+            client.get_multiplexed_async_connection(),
         )
         .await
-        .context("the sentinel did not answer")??;
+        .map_err(|_| anyhow::anyhow!("--sentinel {sentinel}: no answer within 2 s"))?
+        // The error's text repeats its own detail; its kind and detail say it once.
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "--sentinel {sentinel}: cannot connect ({})",
+                e.detail().unwrap_or(&format!("{:?}", e.kind()))
+            )
+        })?;
         let (host, port): (String, u16) = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
             .arg(&self.master_name)
             .query_async(&mut c)
             .await
-            .with_context(|| format!("no master named {:?}", self.master_name))?;
-        let master = format!("{host}:{port}");
+            .with_context(|| {
+                format!(
+                    "--sentinel {sentinel} knows no master named {:?} (--master-name)",
+                    self.master_name
+                )
+            })?;
+        Ok(format!("{host}:{port}"))
+    }
+
+    /// Kills the master the sentinel names now.
+    pub async fn kill_master(&self) -> anyhow::Result<(String, String)> {
+        let master = self.master().await?;
         let mut m = redis::Client::open(format!("redis://{master}"))?
             .get_multiplexed_async_connection()
             .await

@@ -210,10 +210,15 @@ fn is_request_fault(kind: &str) -> bool {
 /// the stock, but a run made of nothing else never let a sale race another, so it shows
 /// nothing about the lock either.
 fn inconclusive(
+    requests: u64,
     sold: u64,
     (errors, error_kinds): (u64, &BTreeMap<String, u64>),
     (refused, refused_kinds): (u64, &BTreeMap<String, u64>),
 ) -> Option<String> {
+    if requests == 0 {
+        // A run shorter than one request (`--duration 0.000001`) tried nothing.
+        return Some("no request was sent".into());
+    }
     let list = |of: &BTreeMap<String, u64>, keep: fn(&str) -> bool| {
         of.iter()
             .filter(|(kind, _)| keep(kind))
@@ -264,6 +269,7 @@ impl StrategyReport {
             return None;
         }
         inconclusive(
+            self.requests,
             self.sold,
             (self.errors, &self.error_kinds),
             (self.refused, &self.refused_kinds),
@@ -758,7 +764,14 @@ fn summarize(
     // evidence only when sales were made as asked.
     let verdict = if per_item.iter().any(|i| i.verdict == Verdict::Oversold) {
         Verdict::Oversold
-    } else if inconclusive(sold, (errors, &error_kinds), (refused, &refused_kinds)).is_some() {
+    } else if inconclusive(
+        requests,
+        sold,
+        (errors, &error_kinds),
+        (refused, &refused_kinds),
+    )
+    .is_some()
+    {
         Verdict::Inconclusive
     } else {
         Verdict::Safe
@@ -1072,6 +1085,14 @@ mod tests {
         let down = sales(0, 3, Outcome::Error("redis_unavailable".into()));
         let report = summarize(fenced(), 5, down, ms(1), &[audit("001", 5, 0, 5)]);
         assert_eq!(report.verdict, Verdict::Inconclusive, "{report:#?}");
+    }
+
+    #[test]
+    fn a_run_that_sent_nothing_is_inconclusive_not_safe() {
+        let report = summarize(fenced(), 5, Vec::new(), ms(0), &[audit("001", 5, 0, 5)]);
+        assert_eq!(report.requests, 0);
+        assert_eq!(report.verdict, Verdict::Inconclusive, "{report:#?}");
+        assert_eq!(report.verdict_text(), "INCONCLUSIVE: no request was sent");
     }
 
     #[test]

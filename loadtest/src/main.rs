@@ -75,7 +75,8 @@ struct Args {
     /// Print one JSON object per strategy instead of the table.
     #[arg(long)]
     json: bool,
-    /// Write an HTML report with charts to this file.
+    /// Write an HTML report with charts to this file (its directory is created if missing;
+    /// checked before the run).
     #[arg(long, value_name = "FILE.html")]
     report: Option<std::path::PathBuf>,
     /// Kill the master that Sentinel names this many seconds into the run (one strategy
@@ -168,6 +169,18 @@ fn refusal(matches: &clap::ArgMatches) -> Option<String> {
             format!("{flag} serves --failover-after only; without --failover-after, leave it out")
         });
     }
+    if let (Some(after), Some(duration)) = (
+        matches.get_one::<Duration>("failover_after"),
+        matches.get_one::<Duration>("duration"),
+    ) && after >= duration
+    {
+        return Some(format!(
+            "--failover-after {} s is not within --duration {} s: the master would be killed \
+             after the sales; give a time below --duration",
+            after.as_secs_f64(),
+            duration.as_secs_f64()
+        ));
+    }
     let strategies = matches.get_one::<Strategies>("strategy")?;
     (strategies.list.len() != 1).then(|| {
         let names: Vec<&str> = strategies.list.iter().map(|s| s.name()).collect();
@@ -210,6 +223,9 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
     for note in &args.strategy.notes {
         eprintln!("loadtest: {note}");
+    }
+    if let Some(path) = &args.report {
+        loadtest::tool::ready_report(path)?;
     }
     let (duration, failover_after) = (args.duration, args.failover_after);
     let default_stock = if duration.is_some() {
@@ -258,11 +274,13 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
     }
     // One strategy, as parse_args made sure.
     if let (Some(after), Some(sentinel)) = (failover_after, args.sentinel) {
-        load = load.with_failover(loadtest::failover::Failover {
+        let failover = loadtest::failover::Failover {
             after,
             sentinel,
             master_name: args.master_name,
-        });
+        };
+        failover.master().await?;
+        load = load.with_failover(failover);
     }
     let interactive = !args.json && std::io::stderr().is_terminal();
     let mut reports = Vec::new();
@@ -292,7 +310,7 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
         println!("{}", table::render(&reports));
     }
     if let Some(path) = &args.report {
-        std::fs::write(path, html::render(&plan, &reports))?;
+        loadtest::tool::write_report(path, html::render(&plan, &reports))?;
         if !args.json {
             println!("\nHTML report: {}", path.display());
         }

@@ -3,7 +3,7 @@
 //! `--strategy` list (`loadtest` and the two tables), and the one parser of flags given in
 //! seconds (`loadtest`, `lock-bench`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -82,6 +82,31 @@ pub fn strategies(list: &str) -> Result<Strategies, String> {
 }
 
 /// A tool's exit status, its error (with causes) on stderr under its name.
+/// Makes ready for a `--report` page before the run, so that a path that cannot be written
+/// fails at once, named, rather than after minutes of load (the page was then lost): its
+/// directory is created if missing, and a directory is refused as the file.
+pub fn ready_report(path: &Path) -> anyhow::Result<()> {
+    if path.is_dir() {
+        anyhow::bail!("--report {}: is a directory; give a file", path.display());
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            anyhow::anyhow!(
+                "--report {}: creating {}: {e}",
+                path.display(),
+                dir.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Writes a `--report` page, naming the file when it cannot.
+pub fn write_report(path: &Path, page: String) -> anyhow::Result<()> {
+    std::fs::write(path, page)
+        .map_err(|e| anyhow::anyhow!("--report {}: writing it: {e}", path.display()))
+}
+
 pub fn exit(tool: &str, result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,

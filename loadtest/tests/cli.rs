@@ -165,6 +165,26 @@ async fn a_strategy_named_twice_by_its_alias_runs_once_and_says_so() {
         stderr.contains("--strategy names watchdog 3 times (v8, watchdog, V8); it runs once"),
         "{stderr}"
     );
+
+    // A run shorter than one request tried nothing: not SAFE, and not a success.
+    let output = loadtest(&[
+        "--target",
+        &to,
+        "--strategy",
+        "fenced",
+        "--duration",
+        "0.000001",
+        "--json",
+    ])
+    .await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(3), "{stdout}\n{stderr}");
+    let line = &json_lines(&stdout)[0];
+    assert_eq!(
+        (line["requests"].as_u64(), line["verdict"].as_str()),
+        (Some(0), Some("INCONCLUSIVE")),
+        "{stdout}"
+    );
 }
 
 /// nginx serving the instance at `/shop/` only, logging every request line it gets.
@@ -515,6 +535,22 @@ async fn loadtest_refuses_wrong_values_and_options_no_run_uses_before_sending_an
             "--failover-after kills a master: give it one --strategy (the old master stays down); \
              --strategy names 2: fenced, atomic",
         ),
+        // Killed after the sales: the run then stretched to it and reported half the rate.
+        (
+            &[
+                &sentinel[..],
+                &[
+                    "--failover-after",
+                    "4",
+                    "--duration",
+                    "2",
+                    "--strategy",
+                    "fenced",
+                ],
+            ]
+            .concat(),
+            "--failover-after 4 s is not within --duration 2 s",
+        ),
         // And these were taken, and ignored without a word.
         (
             &["--duration", "1", "--requests", "50"],
@@ -539,6 +575,44 @@ async fn loadtest_refuses_wrong_values_and_options_no_run_uses_before_sending_an
             "{args:?}: {stdout}\n{stderr}"
         );
         assert!(stderr.contains(said), "{args:?}: {stderr}");
+    }
+    // What a run cannot do is found before the load, named, not after it: a report that is
+    // a directory, a sentinel that does not answer.
+    let dir = std::env::temp_dir();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nobody = format!("127.0.0.1:{}", closed.local_addr().unwrap().port());
+    drop(closed);
+    for (args, said) in [
+        (
+            vec!["--report", dir.to_str().unwrap()],
+            format!("--report {}: is a directory", dir.display()),
+        ),
+        (
+            vec![
+                "--sentinel",
+                &nobody,
+                "--failover-after",
+                "1",
+                "--strategy",
+                "fenced",
+            ],
+            format!("--sentinel {nobody}: cannot connect"),
+        ),
+    ] {
+        let mut args = args.clone();
+        args.extend(["--target", &to]);
+        let output = loadtest(&args).await;
+        let (stdout, stderr) = text(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{args:?}: {stdout}\n{stderr}"
+        );
+        assert!(stderr.contains(&said), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("refused (os error 111): Connection"),
+            "said twice: {stderr}"
+        );
     }
     let with_password = to.replace("http://", "http://user:hunter2@");
     let output = loadtest(&["--target", &with_password]).await;

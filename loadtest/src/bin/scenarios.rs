@@ -29,7 +29,8 @@ struct Args {
     attempts: u32,
     #[command(flatten)]
     inventory: loadtest::tool::InventoryBin,
-    /// Also write one HTML page with a picture of each run (inline SVG, nothing fetched).
+    /// Also write one HTML page with a picture of each run (inline SVG, nothing fetched);
+    /// its directory is created if missing.
     #[arg(long, value_name = "FILE.html")]
     report: Option<std::path::PathBuf>,
     /// List the scenarios and exit.
@@ -132,6 +133,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
         return Ok(true);
     }
+    if let Some(path) = &args.report {
+        loadtest::tool::ready_report(path)?;
+    }
     // `all` anywhere in the list means every scenario.
     let wanted: Option<Vec<Fault>> = args.scenario.iter().copied().collect();
     let only: Option<Strategy> = args
@@ -172,11 +176,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         print_table(&runs);
     }
     if let Some(path) = &args.report {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(path, loadtest::picture::page(&runs))
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+        loadtest::tool::write_report(path, loadtest::picture::page(&runs))?;
         if !args.json {
             println!("pictures: {}", path.display());
         }
