@@ -698,3 +698,51 @@ async fn counts_out_of_range_are_usage_errors_naming_the_valid_values() {
         "a request was sent"
     );
 }
+
+/// `scenarios` stopped by Ctrl-C (or SIGTERM) while a scenario's network namespace is up
+/// removes it, with its veth pairs, before it exits: a signal runs no `Drop`, and they used
+/// to stay until the next run (one veth for over a minute more).
+#[tokio::test]
+async fn scenarios_stopped_by_a_signal_leave_no_namespace_or_veth() {
+    use testkit::netns;
+    assert!(
+        netns::supported(),
+        "network namespaces need root and iproute2 (CI runs as root)"
+    );
+    let bin = testkit::inventory_binary().unwrap();
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_scenarios"))
+            .args(["--scenario", "partition"])
+            .env("INVENTORY_BIN", &bin)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let pid = child.id().unwrap();
+        // Its namespace is `tk-<pid>-<n>`, its host-side interfaces `tk<pid, 5 hex>...h`.
+        let (ns, ifs) = (format!("tk-{pid}-"), format!("tk{:05x}", pid & 0xf_ffff));
+        let its = |names: Vec<String>| -> Vec<String> {
+            names
+                .into_iter()
+                .filter(|n| n.starts_with(&ns) || n.starts_with(&ifs))
+                .collect()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while its(netns::leftovers()).len() < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the partition scenario never set up its namespace and links"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+            .await
+            .expect("it exits on the signal")
+            .unwrap();
+        assert_eq!(status.code(), Some(128 + signal as i32), "{signal}");
+        let left = its(netns::leftovers());
+        assert!(left.is_empty(), "{signal}: left behind: {left:?}");
+    }
+}

@@ -177,14 +177,15 @@ fn live_groups<T>(f: impl FnOnce(&mut BTreeSet<i32>) -> T) -> T {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let out = f(&mut groups);
     drop(groups);
-    sweep_groups_on_fatal_signals();
+    sweep_on_fatal_signals();
     out
 }
 
-/// Once per process: on SIGINT, SIGTERM or SIGHUP, kill every live group and exit as the
-/// signal would have (128 + its number). Its own runtime on its own thread, because the
-/// caller's may be a test's, gone when that test ends.
-fn sweep_groups_on_fatal_signals() {
+/// Once per process: on SIGINT, SIGTERM or SIGHUP, kill every live group, remove every live
+/// network namespace ([`crate::netns`]), and exit as the signal would have (128 + its
+/// number). Its own runtime on its own thread, because the caller's may be a test's, gone
+/// when that test ends.
+pub(crate) fn sweep_on_fatal_signals() {
     static INSTALLED: Once = Once::new();
     INSTALLED.call_once(|| {
         use tokio::signal::unix::{SignalKind, signal};
@@ -222,6 +223,7 @@ fn sweep_groups_on_fatal_signals() {
                 for &pgid in groups.iter() {
                     let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
                 }
+                crate::netns::sweep_live();
                 std::process::exit(128 + number as i32);
             })
         });

@@ -10,12 +10,16 @@
 //!
 //! Nothing is left behind: dropping a [`Namespace`] (also while a test panics) kills every
 //! process still inside it, deletes its links and the namespace, and frees its addresses.
-//! A namespace left by a process that was killed outright is swept by the next one created:
-//! names carry the creator's pid.
+//! A process stopped by SIGINT, SIGTERM or SIGHUP runs no `Drop`: its signal handler
+//! (`group.rs`) removes the namespaces still alive ([`sweep_live`]). A namespace left by a
+//! process that was killed outright is swept by the next one created: names carry the
+//! creator's pid.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -32,6 +36,33 @@ fn claims_dir() -> PathBuf {
 }
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// The namespaces of this process not dropped yet, with their host-side interfaces and
+/// subnet claims: what [`sweep_live`] removes when a signal ends the process.
+static LIVE: Mutex<BTreeMap<String, (Vec<String>, Vec<PathBuf>)>> = Mutex::new(BTreeMap::new());
+
+fn live<T>(f: impl FnOnce(&mut BTreeMap<String, (Vec<String>, Vec<PathBuf>)>) -> T) -> T {
+    f(&mut LIVE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner))
+}
+
+/// Removes every namespace of this process that is still alive, as their drops would: for
+/// the process's end by a signal, which runs no `Drop`. Links first (deleting one end of a
+/// veth deletes the pair at once; a namespace's own cleanup may lag by a minute).
+pub(crate) fn sweep_live() {
+    let namespaces = live(std::mem::take);
+    for (name, (host_ifs, claims)) in namespaces {
+        kill_inside(&name);
+        for host_if in host_ifs {
+            let _ = run("ip", &["link", "del", &host_if]);
+        }
+        let _ = run("ip", &["netns", "del", &name]);
+        for claim in claims {
+            let _ = std::fs::remove_file(claim);
+        }
+    }
+}
 
 /// Runs `ip`/`tc` with `args`; the error carries its stderr.
 fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
@@ -108,7 +139,35 @@ fn sweep_dead_owners() {
             };
             if !alive(pid) {
                 kill_inside(name);
+                // The host's ends of its links, named as the namespace's with `h` for `n`:
+                // deleted now, rather than whenever the kernel gets round to the namespace.
+                if let Ok(links) = run("ip", &["netns", "exec", name, "ip", "-o", "link", "show"]) {
+                    for ns_if in links
+                        .lines()
+                        .filter_map(|l| l.split(": ").nth(1))
+                        .map(|n| n.split('@').next().unwrap_or(n))
+                        .filter(|n| n.starts_with(PREFIX) && n.ends_with('n'))
+                    {
+                        let host_if = format!("{}h", &ns_if[..ns_if.len() - 1]);
+                        let _ = run("ip", &["link", "del", &host_if]);
+                    }
+                }
                 let _ = run("ip", &["netns", "del", name]);
+            }
+        }
+    }
+    // Host-side ends whose namespace is already gone but which the kernel has not removed
+    // yet (it may take over a minute): `<PREFIX><pid, 5 hex><n, 3 hex><letter>h`.
+    if let Ok(links) = run("ip", &["-o", "link", "show"]) {
+        for host_if in links
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n))
+            .filter(|n| n.len() == PREFIX.len() + 10 && n.starts_with(PREFIX) && n.ends_with('h'))
+        {
+            let owner = u32::from_str_radix(&host_if[PREFIX.len()..PREFIX.len() + 5], 16);
+            if owner.is_ok_and(|pid| !alive(pid)) {
+                let _ = run("ip", &["link", "del", host_if]);
             }
         }
     }
@@ -279,7 +338,13 @@ impl Namespace {
         // + one letter per link and end.
         let id = format!("{PREFIX}{:05x}{:03x}", pid & 0xf_ffff, n & 0xfff);
         let name = format!("{PREFIX}-{pid}-{n}");
-        run("ip", &["netns", "add", &name])?;
+        // Before it exists: a signal from now on removes it.
+        crate::group::sweep_on_fatal_signals();
+        live(|l| l.insert(name.clone(), Default::default()));
+        if let Err(e) = run("ip", &["netns", "add", &name]) {
+            live(|l| l.remove(&name));
+            return Err(e);
+        }
         let ns = Self {
             name,
             id,
@@ -299,6 +364,12 @@ impl Namespace {
         let host_if = format!("{}{letter}h", self.id);
         let ns_if = format!("{}{letter}n", self.id);
         let subnet = Subnet::claim()?;
+        live(|l| {
+            if let Some((host_ifs, claims)) = l.get_mut(&self.name) {
+                host_ifs.push(host_if.clone());
+                claims.push(subnet.claim.clone());
+            }
+        });
         let (host_addr, ns_addr) = (subnet.addr(1), subnet.addr(2));
         run(
             "ip",
@@ -364,5 +435,6 @@ impl Drop for Namespace {
         }
         let _ = run("ip", &["netns", "del", &self.name]);
         // The subnets' claims go with the links.
+        live(|l| l.remove(&self.name));
     }
 }
