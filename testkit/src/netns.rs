@@ -39,9 +39,12 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// The namespaces of this process not dropped yet, with their host-side interfaces and
 /// subnet claims: what [`sweep_live`] removes when a signal ends the process.
-static LIVE: Mutex<BTreeMap<String, (Vec<String>, Vec<PathBuf>)>> = Mutex::new(BTreeMap::new());
+static LIVE: Mutex<BTreeMap<String, Owned>> = Mutex::new(BTreeMap::new());
 
-fn live<T>(f: impl FnOnce(&mut BTreeMap<String, (Vec<String>, Vec<PathBuf>)>) -> T) -> T {
+/// A live namespace's host-side interfaces and subnet claims.
+type Owned = (Vec<String>, Vec<PathBuf>);
+
+fn live<T>(f: impl FnOnce(&mut BTreeMap<String, Owned>) -> T) -> T {
     f(&mut LIVE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner))
