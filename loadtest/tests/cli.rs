@@ -746,3 +746,71 @@ async fn scenarios_stopped_by_a_signal_leave_no_namespace_or_veth() {
         assert!(left.is_empty(), "{signal}: left behind: {left:?}");
     }
 }
+
+/// `scenarios` killed outright (SIGKILL: no handler, no `Drop`) takes what it started with
+/// it: every process group (Redis, sentinels, instances) and the partition's namespace and
+/// links are removed by the harness's keeper within seconds. They used to run for good.
+#[tokio::test]
+async fn scenarios_killed_outright_leave_no_process_namespace_or_veth() {
+    use testkit::{ProcStat, group_members, netns};
+    let bin = testkit::inventory_binary().unwrap();
+    for scenario in ["failover", "partition"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_scenarios"))
+            .args(["--scenario", scenario])
+            .env("INVENTORY_BIN", &bin)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let pid = child.id().unwrap();
+        // The groups it leads: its children's, the keeper (a `sh`) aside.
+        let groups = || -> Vec<u32> {
+            let mut groups: Vec<u32> = ProcStat::all()
+                .into_iter()
+                .filter(|p| p.ppid == pid && p.comm != "sh" && !p.is_zombie())
+                .map(|p| p.pgrp)
+                .collect();
+            groups.sort_unstable();
+            groups.dedup();
+            groups
+        };
+        let (ns, ifs) = (format!("tk-{pid}-"), format!("tk{:05x}", pid & 0xf_ffff));
+        let its = |names: Vec<String>| -> Vec<String> {
+            names
+                .into_iter()
+                .filter(|n| n.starts_with(&ns) || n.starts_with(&ifs))
+                .collect()
+        };
+        // Three groups at least: Redis and both instances, or the lock nodes.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let mut started = groups();
+        while started.len() < 3 || (scenario == "partition" && its(netns::leftovers()).is_empty()) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{scenario}: never started its processes: {started:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            started = groups();
+        }
+        // A group is listed with the keeper right after its spawn returns: one killed in
+        // that instant escapes it (a race this test would otherwise hit, polling as it does).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        started = groups();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+        child.wait().await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let alive: Vec<ProcStat> = started.iter().flat_map(|&g| group_members(g)).collect();
+            let left = its(netns::leftovers());
+            if alive.is_empty() && left.is_empty() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{scenario}: left running {alive:?}, left behind {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -56,6 +56,7 @@ impl ProcessGroup {
         let pid = child.id().map(|id| Pid::from_raw(id as i32));
         if let Some(pid) = pid {
             live_groups(|groups| groups.insert(pid.as_raw()));
+            crate::lifeline::hold_group(pid.as_raw());
         }
         Ok(Self {
             child,
@@ -127,6 +128,7 @@ impl ProcessGroup {
                 Ok(Some(status)) => {
                     if let Some(pid) = self.pid.take() {
                         live_groups(|groups| groups.remove(&pid.as_raw()));
+                        crate::lifeline::release_group(pid.as_raw());
                     }
                     self.status = Some(status);
                     break;

@@ -30,6 +30,7 @@ use std::path::Path;
 pub mod fixture;
 pub mod group;
 pub mod inventory;
+mod lifeline;
 pub mod native;
 pub mod netns;
 pub mod nginx;

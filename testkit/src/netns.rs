@@ -344,8 +344,10 @@ impl Namespace {
         // Before it exists: a signal from now on removes it.
         crate::group::sweep_on_fatal_signals();
         live(|l| l.insert(name.clone(), Default::default()));
+        crate::lifeline::hold_namespace(&name);
         if let Err(e) = run("ip", &["netns", "add", &name]) {
             live(|l| l.remove(&name));
+            crate::lifeline::release_namespace(&name);
             return Err(e);
         }
         let ns = Self {
@@ -373,6 +375,7 @@ impl Namespace {
                 claims.push(subnet.claim.clone());
             }
         });
+        crate::lifeline::hold_link(&host_if);
         let (host_addr, ns_addr) = (subnet.addr(1), subnet.addr(2));
         run(
             "ip",
@@ -435,9 +438,11 @@ impl Drop for Namespace {
         for link in &self.links {
             // Deleting one end deletes the pair.
             let _ = run("ip", &["link", "del", &link.host_if]);
+            crate::lifeline::release_link(&link.host_if);
         }
         let _ = run("ip", &["netns", "del", &self.name]);
         // The subnets' claims go with the links.
         live(|l| l.remove(&self.name));
+        crate::lifeline::release_namespace(&self.name);
     }
 }
