@@ -814,3 +814,45 @@ async fn scenarios_killed_outright_leave_no_process_namespace_or_veth() {
         }
     }
 }
+
+/// A row is called safe only when its fault took place: with a lease far longer than the
+/// scenarios' (an `inventory` that sets `LOCK_TTL_MS=60000` itself), no lease runs out
+/// under the work, and the rows that need one to say "safe" say "missed" instead. They
+/// said "safe, ok" although nothing had been put to the test.
+#[tokio::test]
+async fn a_row_whose_lease_never_ran_out_is_missed_not_safe() {
+    let dir = std::env::temp_dir().join(format!("long-lease-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let wrapper = dir.join("inventory");
+    let real = testkit::inventory_binary().unwrap();
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nLOCK_TTL_MS=60000 exec {} \"$@\"\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let output = run(
+        env!("CARGO_BIN_EXE_scenarios"),
+        &[
+            "--scenario",
+            "long-work,slow-holder,release-race",
+            "--attempts",
+            "1",
+            "--json",
+        ],
+        &[("INVENTORY_BIN", wrapper.to_str().unwrap())],
+    )
+    .await;
+    let (stdout, stderr) = text(&output);
+    let rows = json_lines(&stdout);
+    assert_eq!(rows.len(), 6, "{stdout}\n{stderr}");
+    for row in &rows {
+        assert_eq!(row["observed"], "missed", "{row}");
+        assert_eq!(row["ok"], false, "{row}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

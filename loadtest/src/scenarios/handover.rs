@@ -14,17 +14,26 @@ use crate::timeline::sale_tag;
 /// The flaw: A's release deletes B's lock and C enters while B still works.
 ///
 /// A works `a_work` ms, B `b_work` ms: B less than a lease, so that B's lock can only end by
-/// B's release or by A's mistake.
+/// B's release or by A's mistake. A releases `a_releases_after` ms after its read: the fault
+/// is a lease that ends before then.
 pub(super) async fn third_sale_enters(
     env: &Env,
     strategy: Strategy,
     a_work: u64,
+    a_releases_after: u64,
     b_work: u64,
 ) -> anyhow::Result<(Observed, Value)> {
     env.reset(5).await?;
     let a = env.sale(0, query(strategy, a_work));
+    // What is left of A's lease once it has read: the fault needs it to end before A's
+    // release (a lease longer than the scenario's never does).
+    let a_lease_left = std::sync::Mutex::new(None::<i64>);
     let rest = async {
         env.wait_event("app1", Event::StockRead).await?;
+        let left = env.lock_pttl().await.ok().filter(|ms| *ms >= 0);
+        if let Ok(mut slot) = a_lease_left.lock() {
+            *slot = left;
+        }
         let b = env.sale(1, query(strategy, b_work));
         let c_and_evidence = async {
             let b_read = env.wait_event("app2", Event::StockRead).await?;
@@ -51,6 +60,8 @@ pub(super) async fn third_sale_enters(
         ));
     };
     let audit = env.audit().await?;
+    let a_lease_left = a_lease_left.lock().ok().and_then(|l| *l);
+    let lease_runs_out = a_lease_left.is_none_or(|ms| (ms as u64) < a_releases_after);
     let b_owner = b_owner.filter(|o| o.starts_with("app2:"));
     // Only an A that finished after B had the lock can have deleted it: an A that released
     // first (its lease never ran out) left nothing of B's to delete, however late B's own
@@ -75,10 +86,15 @@ pub(super) async fn third_sale_enters(
     let observed = match b_owner {
         None => Observed::Missed,
         Some(_) if b_lock_deleted || c_entered_during_b => Observed::Flaw,
+        // A's lease outlasted its hold (a lease longer than the scenario's), or B took the
+        // lock only once A had finished: nothing was put to the test.
+        Some(_) if !lease_runs_out || !a_ended_after_b_held => Observed::Missed,
         Some(_) => Observed::Safe,
     };
     let details = json!({
         "a": a.summary(), "b": b.summary(), "c": c.summary(),
+        "a_lease_left_at_its_read_ms": a_lease_left,
+        "b_took_the_lock_while_a_worked": a_ended_after_b_held,
         "a_release_deleted_b_lock": b_lock_deleted,
         "c_entered_while_b_worked": c_entered_during_b,
         "audit": audit_json(&audit),

@@ -30,10 +30,20 @@ pub(super) async fn run(env: &Env, strategy: Strategy) -> anyhow::Result<(Observ
     };
     let audit = env.audit().await?;
     let renewals = env.timeline.count(|e| e.is("app1", Event::LockRenewed));
+    // The fault is a lease that runs out under the work: a renewing lock had to renew, and
+    // another one let app2 sell while app1 still worked. Neither: the lease outlasted the
+    // work (a longer lease than the scenario's), and nothing was put to the test.
+    let lease_ran_out = if strategy.info().renews {
+        renewals > 0
+    } else {
+        b.at < a.at
+    };
     let observed = if a.status != 200 || b.status != 200 {
         Observed::Missed
     } else if !audit.clean {
         Observed::Flaw
+    } else if !lease_ran_out {
+        Observed::Missed
     } else {
         Observed::Safe
     };

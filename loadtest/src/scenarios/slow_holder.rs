@@ -16,5 +16,5 @@ pub(super) const SCENARIO: Scenario = Scenario {
 
 /// A's lease ends at 500 ms, B holds from there to ~900 ms, A releases at 700 ms.
 pub(super) async fn run(env: &Env, strategy: Strategy) -> anyhow::Result<(Observed, Value)> {
-    handover::third_sale_enters(env, strategy, 700, 400).await
+    handover::third_sale_enters(env, strategy, 700, 700, 400).await
 }
