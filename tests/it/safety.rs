@@ -731,6 +731,29 @@ async fn fencing_tokens_never_go_backwards_across_instances_even_after_redis_los
             );
             newest = after;
         }
+        // Not lost but rolled back: Redis restarted from an append-only file whose last
+        // second was not on disk, or from a backup, or a lagging replica was promoted. The
+        // counter is there, only older: `few` drew nothing since, so its own newest token
+        // lifts nothing, and its next token must still be above `many`'s.
+        let keys = Keys::new("001");
+        let rolled = [&keys.fence, &keys.fence_seen, &keys.quorum_fence_seen];
+        let mut before: Vec<Option<String>> = Vec::new();
+        for key in rolled {
+            before.push(c.get(key).await.unwrap());
+        }
+        let burst = futures_util::future::join_all((0..16).map(|_| many.sale(&query))).await;
+        newest = burst.iter().map(token).fold(newest, u64::max);
+        for (key, value) in rolled.into_iter().zip(before) {
+            let _: () = match value {
+                Some(value) => c.set(key, value).await.unwrap(),
+                None => c.del(key).await.unwrap(),
+            };
+        }
+        let after = token(&few.sale(&query).await);
+        assert!(
+            after > newest,
+            "{strategy}: token {after} drawn after a rollback of the counter, {newest} before it"
+        );
     }
 }
 
