@@ -49,6 +49,34 @@ impl<S: Send + Sync> FromRequestParts<S> for ItemPath {
     }
 }
 
+/// Present in a handler's arguments, it refuses a query string: on the stock, reset and audit
+/// routes a parameter (`?item=qq`, `?dry_run=true`) used to be ignored, and the answer was
+/// the default item's, or the reset was made, without a word.
+pub struct NoQuery;
+
+impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let Some(query) = parts.uri.query().filter(|q| !q.is_empty()) else {
+            return Ok(NoQuery);
+        };
+        // Debug formatting escapes control characters; a few names, each cut short.
+        let names: Vec<String> = query
+            .split('&')
+            .filter_map(|pair| pair.split('=').next())
+            .filter(|name| !name.is_empty())
+            .take(4)
+            .map(|name| format!("{:?}", name.chars().take(40).collect::<String>()))
+            .collect();
+        Err(ApiError::BadRequest(format!(
+            "this route takes no query parameters (given: {}); name an item in the path \
+             (/inventory/{{item}}, /inventory/{{item}}/audit) and a stock in the body",
+            names.join(", ")
+        )))
+    }
+}
+
 /// Present in a handler's arguments, it lets the request through only with the admin token
 /// (or when none is configured).
 pub struct Admin;

@@ -16,7 +16,7 @@ use utoipa::{IntoParams, IntoResponses, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Admin, ApiJson, ApiQuery, ItemPath};
+use super::extract::{Admin, ApiJson, ApiQuery, ItemPath, NoQuery};
 use super::{ApiError, AppState, ErrorBody, TAG_INVENTORY, TAG_SALE};
 use crate::idempotency;
 use crate::sale::{Completed, Hangup, MAX_WORK_MS, SaleRequest, Sold};
@@ -400,12 +400,16 @@ fn head_never_sells() -> Response {
     tag = TAG_INVENTORY,
     responses(
         (status = 200, description = "Stock now, stock at the last reset, sales recorded", body = Inventory),
+        (status = 400, description = "A query parameter: this route takes none (an item is named in the path, `/inventory/{item}`)", body = ErrorBody),
         (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody,
             example = json!({"error": "unknown_item", "message": "item 002 has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory/002"})),
         (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
     )
 )]
-async fn get_inventory(State(app): State<Arc<AppState>>) -> Result<Json<Inventory>, ApiError> {
+async fn get_inventory(
+    _: NoQuery,
+    State(app): State<Arc<AppState>>,
+) -> Result<Json<Inventory>, ApiError> {
     show(&app, app.seller.items.default_id()).await
 }
 
@@ -420,11 +424,12 @@ async fn get_inventory(State(app): State<Arc<AppState>>) -> Result<Json<Inventor
         (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody,
             example = json!({"error": "unknown_item", "message": "item 002 has no stock in Redis (never stocked, or Redis lost its data); stock it with PUT /inventory/002"})),
         (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
-        (status = 400, description = "Malformed item id; the message names the valid format", body = ErrorBody,
+        (status = 400, description = "Malformed item id, or a query parameter (this route takes none); the message names the valid format", body = ErrorBody,
             example = json!({"error": "bad_request", "message": "invalid item id \"a:b\": use 1 to 32 ASCII letters, digits, '-' or '_' (pattern ^[A-Za-z0-9_-]{1,32}$), not \"sale\" or \"audit\""})),
     )
 )]
 async fn get_item(
+    _: NoQuery,
     State(app): State<Arc<AppState>>,
     ItemPath { item }: ItemPath,
 ) -> Result<Json<Inventory>, ApiError> {
@@ -590,7 +595,7 @@ fn shown(text: &str) -> String {
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The item after the reset", body = Inventory),
-        (status = 400, description = "Stock missing, not a number, or out of range, or a field other than `stock`; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
+        (status = 400, description = "Stock missing, not a number, or out of range, or a field other than `stock`, or a query parameter (none is taken); or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
             example = json!({"error": "bad_request", "message": "stock is -1; valid: a whole number in 0..=1000000000"})),
         (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
         (status = 408, description = "The body did not arrive within `HEADER_TIMEOUT_MS`: nothing changed", body = ErrorBody),
@@ -601,6 +606,7 @@ fn shown(text: &str) -> String {
     )
 )]
 async fn reset_inventory(
+    _: NoQuery,
     admin: Admin,
     State(app): State<Arc<AppState>>,
     ResetBody(reset): ResetBody,
@@ -623,7 +629,7 @@ async fn reset_inventory(
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The item after the reset", body = Inventory),
-        (status = 400, description = "Stock missing, not a number, or out of range, or a field other than `stock`; or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
+        (status = 400, description = "Stock missing, not a number, or out of range, or a field other than `stock`, or a query parameter (none is taken); or (`/inventory/{item}`) a malformed item id; the message names the valid values", body = ErrorBody,
             example = json!({"error": "bad_request", "message": "stock is -1; valid: a whole number in 0..=1000000000"})),
         (status = 413, description = "Body larger than 16 KiB", body = ErrorBody),
         (status = 408, description = "The body did not arrive within `HEADER_TIMEOUT_MS`: nothing changed", body = ErrorBody),
@@ -634,6 +640,7 @@ async fn reset_inventory(
     )
 )]
 async fn reset_item(
+    _: NoQuery,
     admin: Admin,
     State(app): State<Arc<AppState>>,
     ItemPath { item }: ItemPath,
@@ -680,11 +687,12 @@ async fn restock(
     tag = TAG_INVENTORY,
     responses(
         (status = 200, description = "The ledger against the stock", body = Audit),
+        (status = 400, description = "A query parameter: this route takes none (an item is named in the path, `/inventory/{item}/audit`)", body = ErrorBody),
         (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody),
         (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
     )
 )]
-async fn audit(State(app): State<Arc<AppState>>) -> Result<Json<Audit>, ApiError> {
+async fn audit(_: NoQuery, State(app): State<Arc<AppState>>) -> Result<Json<Audit>, ApiError> {
     audit_of(&app, app.seller.items.default_id()).await
 }
 
@@ -700,10 +708,11 @@ async fn audit(State(app): State<Arc<AppState>>) -> Result<Json<Audit>, ApiError
         (status = 200, description = "The ledger against the stock", body = Audit),
         (status = 404, description = "The item was never stocked, or Redis lost its data (`unknown_item`)", body = ErrorBody),
         (status = 503, description = "Redis did not answer, or refused the service's credentials", body = ErrorBody),
-        (status = 400, description = "Malformed item id; the message names the valid format", body = ErrorBody),
+        (status = 400, description = "Malformed item id, or a query parameter (this route takes none); the message names the valid format", body = ErrorBody),
     )
 )]
 async fn item_audit(
+    _: NoQuery,
     State(app): State<Arc<AppState>>,
     ItemPath { item }: ItemPath,
 ) -> Result<Json<Audit>, ApiError> {

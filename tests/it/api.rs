@@ -644,3 +644,45 @@ async fn a_database_redis_does_not_have_answers_503_naming_it_on_every_route() {
         );
     }
 }
+
+/// The stock, reset and audit routes take no query parameters: `?item=qq` used to answer
+/// with the default item's stock (or reset it), and `?dry_run=true` reset all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_query_parameter_on_the_stock_reset_or_audit_routes_is_refused_and_changes_nothing() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(7).await;
+    let http = reqwest::Client::new();
+    for (method, path) in [
+        ("GET", "/inventory?item=qq"),
+        ("GET", "/inventory/audit?item=qq"),
+        ("PUT", "/inventory?dry_run=true"),
+        ("PUT", "/inventory?item=qq"),
+        ("GET", "/inventory/001?x=1"),
+        ("GET", "/inventory/001/audit?item=001"),
+        ("PUT", "/inventory/001?stock=1"),
+    ] {
+        let reply = app
+            .send(
+                http.request(method.parse().unwrap(), app.url(path))
+                    .header("content-type", "application/json")
+                    .body(r#"{"stock": 3}"#),
+            )
+            .await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (400, "bad_request"),
+            "{method} {path}: {}",
+            reply.body
+        );
+        let message = reply.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains("takes no query parameters"), "{message}");
+    }
+    assert_eq!(
+        app.get("/inventory").await.body["stock"],
+        7,
+        "a refused reset reset"
+    );
+    // A bare `?` is no parameter.
+    assert_eq!(app.get("/inventory?").await.status, 200);
+}
