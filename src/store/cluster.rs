@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
@@ -29,6 +29,23 @@ use super::sentinel::Backend;
 
 /// The shortest time between two slot lookups started by errors.
 const LOOKUP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long the shared cluster connection may leave every call unanswered before it is
+/// replaced by a new one (at least; twice the call timeout when that is longer).
+///
+/// Why: the crate's connection can wedge. After a master was killed under load, a slot
+/// refresh that never completed held every call of every item on every master until its
+/// timeout, for as long as the instance ran (found from outside: 5 of 5 runs with keyed
+/// sales; 60 s and more, the cluster healthy again meanwhile, only a restart helped). A
+/// connection that answers nothing for this long is replaced, as a restart would; one that
+/// answers anything (an error included) is left alone.
+const REBUILD_AFTER: Duration = Duration::from_secs(2);
+
+/// When the shared connection last answered, and when it was last replaced.
+struct Watch {
+    answered: Instant,
+    rebuilt: Instant,
+}
 
 /// `REDIS_CLUSTER`, checked: the seed nodes, in the order given.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,8 +103,10 @@ struct Range {
 }
 
 pub(super) struct Cluster {
-    /// Shared by every call, like the multiplexed connection of a single server.
-    conn: ClusterConnection,
+    /// Shared by every call, like the multiplexed connection of a single server; replaced
+    /// when it stops answering ([`REBUILD_AFTER`]).
+    conn: RwLock<ClusterConnection>,
+    watch: Mutex<Watch>,
     seeds: ClusterSeeds,
     timeout: Duration,
     pool: Mutex<PoolSettings>,
@@ -102,8 +121,13 @@ impl Cluster {
     pub fn new(seeds: ClusterSeeds, timeout: Duration, pool: PoolSettings) -> RedisResult<Self> {
         let client = builder(&seeds).build()?;
         let conn = client.get_pending_async_connection_with_config(config(timeout));
+        let now = Instant::now();
         Ok(Self {
-            conn,
+            conn: RwLock::new(conn),
+            watch: Mutex::new(Watch {
+                answered: now,
+                rebuilt: now,
+            }),
             seeds,
             timeout,
             pool: Mutex::new(pool),
@@ -114,7 +138,49 @@ impl Cluster {
     }
 
     pub fn conn(&self) -> ClusterConnection {
-        self.conn.clone()
+        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A call on the shared connection got an answer (a reply or an error, in time).
+    pub fn answered(&self) {
+        self.watch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .answered = Instant::now();
+    }
+
+    /// A call on the shared connection got no answer in time: once nothing has answered
+    /// for [`REBUILD_AFTER`] (and it was not replaced within that), the connection is
+    /// replaced by a new one, which connects on its first call.
+    pub fn unanswered(&self) {
+        let bound = REBUILD_AFTER.max(2 * self.timeout);
+        let now = Instant::now();
+        {
+            let mut watch = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+            if now.duration_since(watch.answered) < bound
+                || now.duration_since(watch.rebuilt) < bound
+            {
+                return;
+            }
+            watch.rebuilt = now;
+        }
+        let silent = now.duration_since(
+            self.watch
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .answered,
+        );
+        match builder(&self.seeds).build() {
+            Ok(client) => {
+                let fresh = client.get_pending_async_connection_with_config(config(self.timeout));
+                *self.conn.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+                tracing::warn!(
+                    silent_ms = silent.as_millis() as u64,
+                    "the cluster connection answered nothing for {silent:?}: replaced by a new one"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot build a new cluster connection"),
+        }
     }
 
     /// `host:port` of the first seed, for logs.
@@ -207,7 +273,7 @@ impl Cluster {
 
     /// Asks the cluster (a node the crate picks) which master serves which slots.
     async fn look_up(&self) -> RedisResult<()> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let reply = tokio::time::timeout(
             self.timeout,
             redis::cmd("CLUSTER")
@@ -249,7 +315,7 @@ impl Cluster {
     /// A server without cluster support, named by mistake, answers single-node commands
     /// all the same (the crate sends them on): this is where it shows, and says so.
     pub async fn state_ok(&self) -> RedisResult<bool> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let info: RedisResult<String> = redis::cmd("CLUSTER")
             .arg("INFO")
             .query_async(&mut conn)

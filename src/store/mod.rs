@@ -1152,13 +1152,21 @@ impl Store {
                 (Conn::Pooled(self.pooled_boxed().await?), self.timeout)
             }
         };
-        match tokio::time::timeout(bound, f(conn)).await {
+        let shared_cluster = matches!(conn, Conn::Cluster(_));
+        let result = match tokio::time::timeout(bound, f(conn)).await {
             Ok(result) => result,
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "redis did not answer in time",
             ))),
+        };
+        if let (true, Some(cluster)) = (shared_cluster, &self.cluster) {
+            match &result {
+                Err(e) if e.is_timeout() => cluster.unanswered(),
+                _ => cluster.answered(),
+            }
         }
+        result
     }
 
     /// Whether Redis answers; on a cluster, whether a node says `cluster_state:ok`.

@@ -418,6 +418,102 @@ async fn a_killed_master_stops_only_its_own_items_until_its_replica_takes_over_a
     }
 }
 
+/// A master killed under keyed sales of every safe strategy on many items: once its
+/// replica is promoted, both instances sell every item on every master again, by
+/// themselves. The crate's shared cluster connection used to wedge here (a slot refresh
+/// that never completed), and every sale of every item timed out until the instance was
+/// restarted (5 of 5 runs, from outside); the store now replaces a connection that
+/// answers nothing for two seconds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_master_killed_under_keyed_sales_leaves_both_instances_selling_every_item_again() {
+    let mut setup = start(|b| b).await;
+    let masters = setup.cluster.masters().await;
+    let items: Vec<String> = (0..32).map(|n| format!("keyed-{n}")).collect();
+    for item in &items {
+        stock_item(&setup.apps[0], item, 100_000).await;
+    }
+    setup.cluster.wait_for_replication().await;
+    let strategies = safe_strategies();
+    let stop = tokio::sync::Notify::new();
+    let keyed = |worker: usize| {
+        let (apps, items, strategies, stop) = (&setup.apps, &items, &strategies, &stop);
+        async move {
+            let stopped = stop.notified();
+            tokio::pin!(stopped);
+            for n in 0usize.. {
+                let item = &items[(worker * 7 + n) % items.len()];
+                let strategy = strategies[(worker + n) % strategies.len()];
+                let app = &apps[(worker + n) % 2];
+                let query = format!("strategy={strategy}&work_ms={}", n % 3 * 2);
+                let key = format!("w{worker}-{n}");
+                tokio::select! {
+                    _ = async {
+                        let path = format!("/inventory/{item}/sale?{query}");
+                        app.send(
+                            reqwest::Client::new()
+                                .post(app.url(&path))
+                                .header("idempotency-key", key),
+                        )
+                        .await
+                    } => {}
+                    () = &mut stopped => return,
+                }
+            }
+        }
+    };
+    let fault = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let killed = setup.cluster.kill_master(0).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop.notify_waiters();
+        killed
+    };
+    let (killed, _) = tokio::join!(fault, futures_util::future::join_all((0..32).map(keyed)));
+    setup
+        .cluster
+        .wait_for_failover(&killed, FAILOVER_WITHIN)
+        .await;
+    // One item per master, the promoted one's included, on each instance.
+    let masters_now = setup.cluster.masters().await;
+    let probes = items_on(&masters_now, "probe");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    // Stocked through whichever instance answers first: the other may be the stuck one.
+    for (n, item) in probes.iter().enumerate() {
+        for attempt in 0usize.. {
+            let app = &setup.apps[(n + attempt) % 2];
+            let put = reqwest::Client::new()
+                .put(app.url(&format!("/inventory/{item}")))
+                .header("content-type", "application/json")
+                .body(r#"{"stock": 1000}"#);
+            if app.send(put).await.status == 200 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{item} could not be stocked");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    for app in &setup.apps {
+        for item in &probes {
+            loop {
+                let reply = sell(app, item, "strategy=atomic").await;
+                if reply.status == 200 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{} never sold {item} again after the failover: {} {}\n{}",
+                    app.name,
+                    reply.status,
+                    reply.body,
+                    app.log()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    drop(masters);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_items_slot_moved_under_load_half_way_then_all_the_way_still_sells_each_unit_once() {
     let setup = start(|b| b.env("LOCK_TTL_MS", 3000).env("LOCK_WAIT_MS", 3000)).await;
