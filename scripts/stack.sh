@@ -120,6 +120,32 @@ is_cluster_node() { [[ $1 == node[0-9]* ]]; }
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 die() { echo "stack: $*" >&2; exit 1; }
 
+# A path as the replacement of a `sed s|...|...|`: its `\`, `|` and `&` taken literally.
+sed_escaped() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }
+
+# What `up` would otherwise find out half-way, with services already started: a setting
+# that is not a number where the script computes with it, a binary that is not there, a
+# run directory that the servers' configuration files cannot name.
+check_settings() {
+  local var value
+  for var in LOCK_WAIT_MS MAX_WORK_MS REDIS_TIMEOUT_MS READY_TIMEOUT_S STOP_TIMEOUT_S \
+      DOWN_AFTER_MS FAILOVER_TIMEOUT_MS CLUSTER_NODE_TIMEOUT_MS WORKER_THREADS; do
+    value=${!var:-}
+    [ -z "$value" ] || [[ $value =~ ^[0-9]{1,9}$ ]] \
+      || die "$var is '$value'; valid: a whole number (milliseconds for *_MS, seconds for *_S)"
+  done
+  for var in "${all_services[@]}"; do
+    var="${var^^}_PORT"
+    value=${!var}
+    [[ $value =~ ^[0-9]{1,5}$ ]] && [ "$value" -ge 1 ] && [ "$value" -le 65535 ] \
+      || die "$var is '$value'; valid: a port number in 1..=65535"
+  done
+  case $RUN_DIR in
+    *'"'* | *$'\n'*) die "RUN_DIR ($RUN_DIR) holds a double quote or a line break; give a path without them" ;;
+  esac
+  [ -x "$INVENTORY_BIN" ] || die "no binary at $INVENTORY_BIN (build it: cargo build --release, or set INVENTORY_BIN)"
+}
+
 # The stock lives only in Redis, so Redis keeps it on disk: the append-only file logs every
 # write and is replayed on start, and a restart no longer loses the stock. fsync once a
 # second, not on every write ("always"): a crash of the machine (not of Redis, whose writes
@@ -220,9 +246,9 @@ start_sentinel() {
 port $port
 bind 127.0.0.1
 daemonize yes
-pidfile $(pidfile "$name")
-logfile $RUN_DIR/$name.log
-dir $RUN_DIR/$name
+pidfile "$(pidfile "$name")"
+logfile "$RUN_DIR/$name.log"
+dir "$RUN_DIR/$name"
 sentinel monitor $REDIS_MASTER_NAME $master 2
 sentinel down-after-milliseconds $REDIS_MASTER_NAME $DOWN_AFTER_MS
 sentinel failover-timeout $REDIS_MASTER_NAME $FAILOVER_TIMEOUT_MS
@@ -415,7 +441,7 @@ start_nginx() {
   # pool's checkout round trips before a failed call answers), with 4 s to spare.
   local budget_ms=$(( ${LOCK_WAIT_MS:-10000} + ${MAX_WORK_MS:-2000} \
     + 4 * ${REDIS_TIMEOUT_MS:-1000} + 4000 ))
-  sed -e "s|@RUN_DIR@|$RUN_DIR|g" -e "s|@CONF_DIR@|$root/nginx|g" \
+  sed -e "s|@RUN_DIR@|$(sed_escaped "$RUN_DIR")|g" -e "s|@CONF_DIR@|$(sed_escaped "$root/nginx")|g" \
       -e "s|@NGINX_PORT@|$NGINX_PORT|g" -e "s|@APP1_PORT@|$APP1_PORT|g" \
       -e "s|@APP2_PORT@|$APP2_PORT|g" -e "s|@PROXY_READ_TIMEOUT@|$(( (budget_ms + 999) / 1000 ))s|g" \
       "$root/nginx/nginx.native.conf.template" >"$RUN_DIR/nginx.conf"
@@ -423,12 +449,20 @@ start_nginx() {
 }
 
 wait_ready() {
-  local deadline=$((SECONDS + READY_TIMEOUT_S)) url
+  local deadline=$((SECONDS + READY_TIMEOUT_S)) url app
   for url in "http://127.0.0.1:$APP1_PORT/ready" "http://127.0.0.1:$APP2_PORT/ready" \
              "http://127.0.0.1:$NGINX_PORT/ready"; do
     # Quiet while it starts (a 503 until Redis answers is expected); the last answer is shown
     # when it never comes.
     until curl -fs -o /dev/null --max-time 2 "$url"; do
+      # An instance that exited (a setting it refused) will never answer: say why now,
+      # from its own log, rather than after the whole timeout among every other log.
+      for app in app1 app2; do
+        if [ -s "$(pidfile "$app")" ] && ! running "$app"; then
+          tail -n 5 "$RUN_DIR/$app.log" >&2 || true
+          die "$app exited at start (its log, above: $RUN_DIR/$app.log); what started is still running, stop it with: $0 down"
+        fi
+      done
       if [ $SECONDS -ge $deadline ]; then
         tail -n 20 "$RUN_DIR"/*.log >&2 || true
         curl -fsS -o /dev/null --max-time 2 "$url" || true
@@ -457,6 +491,7 @@ check_distinct_ports() {
 }
 
 up() {
+  check_settings
   mkdir -p "$RUN_DIR"
   cd "$RUN_DIR"
   topology=$(requested_topology)
@@ -707,9 +742,26 @@ status() {
   esac
 }
 
+# One `up` or `down` at a time per run directory: two at once each started what they saw
+# stopped, and the pid file named the copy that lost the port (it then exited), so `status`
+# said stopped and `down` left the running one behind. flock(1) holds the lock in a process
+# of its own and closes it for the script (-o), so the services started do not inherit it.
+locked() {
+  if [ -n "${STACK_LOCKED:-}" ] || ! command -v flock >/dev/null; then
+    "$@"
+    return
+  fi
+  mkdir -p "$RUN_DIR"
+  local status=0
+  STACK_LOCKED=1 flock -o -w "$((READY_TIMEOUT_S + STOP_TIMEOUT_S + 60))" -E 75 \
+    "$RUN_DIR/.stack.lock" "$0" "$1" || status=$?
+  [ "$status" -ne 75 ] || die "another up or down on $RUN_DIR did not finish in time; try again"
+  exit "$status"
+}
+
 case ${1:-} in
-  up) up ;;
-  down) down ;;
+  up) locked up ;;
+  down) locked down ;;
   status) status ;;
   *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac

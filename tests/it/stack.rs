@@ -599,3 +599,176 @@ async fn a_native_stack_goes_down_when_the_process_that_started_it_is_killed() {
         assert!(!listening(port), "port {port} still taken");
     }
 }
+
+fn topology_ports(ports: native::Ports) -> native::TopologyPorts {
+    native::TopologyPorts {
+        topology: native::Topology::Single,
+        ports: native::SERVICES.iter().copied().zip(ports).collect(),
+    }
+}
+
+/// What `up` used to find out half-way, with Redis and the lock nodes already started (and
+/// left running), or with a raw bash error: a setting that is no number, a port that is
+/// none, a binary that is not there. Refused first, by name, with nothing started.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_native_stack_refuses_bad_settings_before_starting_anything() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let ports = native::free_ports();
+    let script = repo_path("scripts/stack.sh");
+    let inventory: &std::path::Path = env!("CARGO_BIN_EXE_inventory").as_ref();
+    let _down = native::DownOnDrop {
+        script: &script,
+        run_dir: run_dir.path(),
+        inventory,
+    };
+    let cases: [(&[(&str, &str)], &std::path::Path, &str); 4] = [
+        (
+            &[("LOCK_WAIT_MS", "5s")],
+            inventory,
+            "LOCK_WAIT_MS is '5s'; valid: a whole number",
+        ),
+        (
+            &[("READY_TIMEOUT_S", "-1")],
+            inventory,
+            "READY_TIMEOUT_S is '-1'",
+        ),
+        (
+            &[("APP2_PORT", "0")],
+            inventory,
+            "APP2_PORT is '0'; valid: a port number in 1..=65535",
+        ),
+        (
+            &[],
+            "/nonexistent/inventory".as_ref(),
+            "no binary at /nonexistent/inventory",
+        ),
+    ];
+    for (env, binary, said) in cases {
+        let up = native::stack_script_in(
+            &script,
+            run_dir.path(),
+            &topology_ports(ports),
+            binary,
+            "up",
+            env,
+        );
+        let out = text(&up);
+        assert!(!up.status.success(), "{env:?}: {out}");
+        assert!(out.contains(said), "{env:?}: {out}");
+        assert!(!out.contains("started"), "{env:?}: {out}");
+        for port in ports {
+            assert!(
+                !listening(port),
+                "{env:?}: port {port} taken: something started"
+            );
+        }
+    }
+}
+
+/// A run directory whose path holds spaces and the characters sed and nginx treat apart
+/// (`&`, `|`): the stack starts, sells through nginx and stops. nginx refused its
+/// configuration half-way through `up` ("invalid number of arguments in pid").
+#[tokio::test(flavor = "multi_thread")]
+async fn the_native_stack_runs_in_a_run_dir_with_spaces_and_sed_characters() {
+    let parent = tempfile::tempdir().unwrap();
+    let run_dir = parent.path().join("my stack & co | run");
+    let ports = native::free_ports();
+    let script = repo_path("scripts/stack.sh");
+    let _down = native::DownOnDrop {
+        script: &script,
+        run_dir: &run_dir,
+        inventory: env!("CARGO_BIN_EXE_inventory").as_ref(),
+    };
+    let up = stack_script(&run_dir, ports, "up");
+    assert!(up.status.success(), "{}", text(&up));
+    let http = reqwest::Client::new();
+    let nginx = native::nginx_port(&ports);
+    let reset = http
+        .put(format!("http://127.0.0.1:{nginx}/inventory"))
+        .header("content-type", "application/json")
+        .body(r#"{"stock": 2}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reset.status(), 200);
+    let sale = http
+        .post(format!(
+            "http://127.0.0.1:{nginx}/inventory/sale?strategy=fenced"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sale.status(), 200);
+    let down = stack_script(&run_dir, ports, "down");
+    assert!(down.status.success(), "{}", text(&down));
+    for port in ports {
+        assert!(!listening(port), "port {port} still taken after `down`");
+    }
+}
+
+/// An instance that refuses its settings exits at once: `up` says so from its log within
+/// moments, instead of waiting out READY_TIMEOUT_S and then printing every log.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_that_exits_at_start_is_named_at_once_with_its_reason() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let ports = native::free_ports();
+    let script = repo_path("scripts/stack.sh");
+    let inventory: &std::path::Path = env!("CARGO_BIN_EXE_inventory").as_ref();
+    let _down = native::DownOnDrop {
+        script: &script,
+        run_dir: run_dir.path(),
+        inventory,
+    };
+    let started = std::time::Instant::now();
+    let up = native::stack_script_in(
+        &script,
+        run_dir.path(),
+        &topology_ports(ports),
+        inventory,
+        "up",
+        &[("LOCK_STRATEGY", "bogus"), ("READY_TIMEOUT_S", "60")],
+    );
+    let out = text(&up);
+    assert!(!up.status.success(), "{out}");
+    assert!(out.contains("app1 exited at start"), "{out}");
+    assert!(out.contains("unknown strategy \"bogus\""), "{out}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "it waited {:?}: {out}",
+        started.elapsed()
+    );
+}
+
+/// Two `up` at once on one run directory start one stack: the second waits for the first,
+/// then finds every service running. Each used to start what it saw stopped; the pid file
+/// could name the copy that lost the port, and `down` then left the running one behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_ups_at_once_start_one_stack_that_down_stops_whole() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let ports = native::free_ports();
+    let script = repo_path("scripts/stack.sh");
+    let _down = native::DownOnDrop {
+        script: &script,
+        run_dir: run_dir.path(),
+        inventory: env!("CARGO_BIN_EXE_inventory").as_ref(),
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| stack_script(run_dir.path(), ports, "up"));
+        let b = s.spawn(|| stack_script(run_dir.path(), ports, "up"));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(a.status.success(), "{}", text(&a));
+    assert!(b.status.success(), "{}", text(&b));
+    let pids: Vec<String> = native::pid_files(run_dir.path())
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap().trim().to_owned())
+        .collect();
+    for pid in &pids {
+        assert!(alive(pid), "a pid file names {pid}, which is not running");
+    }
+    let down = stack_script(run_dir.path(), ports, "down");
+    assert!(down.status.success(), "{}", text(&down));
+    for port in ports {
+        assert!(!listening(port), "port {port} still taken after `down`");
+    }
+}
