@@ -48,7 +48,7 @@ pub struct Sold {
     pub strategy: String,
     /// Id of the ledger entry of this sale.
     pub order_id: String,
-    /// Fencing token of the lock that guarded the sale (`fenced` only).
+    /// Fencing token of the lock that guarded the sale (`fenced` and `redlock-fenced` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fence: Option<u64>,
     /// Time spent waiting for the lock, in milliseconds.

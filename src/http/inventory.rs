@@ -247,7 +247,9 @@ pub(super) const REPLAYED: &str = "idempotent-replayed";
 #[allow(dead_code)]
 enum SaleResponses {
     /// One item sold (or, with an `Idempotency-Key` seen before, the first sale replayed)
-    #[response(status = 200)]
+    #[response(status = 200, headers(
+        ("Idempotent-Replayed" = String, description = "`true` when this is the first sale of the `Idempotency-Key`, replayed (nothing sold now); absent otherwise")
+    ))]
     Sold(#[to_schema] Sold),
     /// Unknown strategy, `work_ms` out of range, a malformed `Idempotency-Key` or (in
     /// `/inventory/{item}/sale`) a malformed item id; the message names the valid values
@@ -273,7 +275,9 @@ enum SaleResponses {
     /// `stale_fence`); a writer that takes no lock (an `atomic` sale, a reset) changed the
     /// stock during the sale (`stock_changed`); or an attempt with the same
     /// `Idempotency-Key` is still running or its outcome is not known yet (`in_progress`)
-    #[response(status = 409, example = json!({"error": "stale_fence",
+    #[response(status = 409, headers(
+        ("Idempotent-Replayed" = String, description = "`true` on a `sold_out` that an earlier attempt with the same `Idempotency-Key` answered, replayed; absent otherwise")
+    ), example = json!({"error": "stale_fence",
         "message": "fencing token 7 is older than 8, already seen by the store; nothing was sold"}))]
     Conflict(ErrorBody),
     /// Nothing sold, for certain: the lock stayed held for the whole wait budget

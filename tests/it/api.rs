@@ -506,6 +506,20 @@ async fn the_openapi_document_lists_every_route_and_describes_every_response() {
             "sale documents {status}"
         );
     }
+    // The header a replayed outcome carries is in the document where it is sent.
+    for (path, method) in [
+        ("/inventory/sale", "post"),
+        ("/inventory/sale", "get"),
+        ("/inventory/{item}/sale", "post"),
+    ] {
+        for status in ["200", "409"] {
+            let headers = &paths[path][method]["responses"][status]["headers"];
+            assert!(
+                headers["Idempotent-Replayed"].is_object(),
+                "{method} {path} {status} does not document Idempotent-Replayed"
+            );
+        }
+    }
     // The item paths document the item's format as the service checks it, and the sale of
     // an item answers what the default item's sale answers.
     for (path, method) in [
