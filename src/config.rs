@@ -17,6 +17,42 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// The form a Redis URL takes, for the messages that refuse one.
 pub const REDIS_URL_FORM: &str = "redis://[[user]:password@]host:port[/db], port 1..=65535";
 
+/// What `RUST_LOG` may hold, in the words of its refusal.
+const LOG_FILTER_FORM: &str = "valid: a level (error, warn, info, debug, trace, off), or comma-separated \
+     directives such as info,inventory=debug";
+
+const LOG_LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+
+/// `RUST_LOG` checked: the filter, and a warning for each directive that is a bare word but
+/// no level (it names a target and shows only that target's logs: `debugg` showed nothing
+/// at all), or an error for one that does not parse (it used to fall back to `info` without
+/// a word). Unset or empty: `info`.
+pub fn log_filter(value: Option<&str>) -> Result<(String, Vec<String>), String> {
+    let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(("info".to_owned(), Vec::new()));
+    };
+    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(value) {
+        let shown: String = format!("{value:?}").chars().take(80).collect();
+        return Err(format!("RUST_LOG is {shown} ({e}); {LOG_FILTER_FORM}"));
+    }
+    let warnings = value
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && !d.contains(['=', '[']))
+        .filter(|d| {
+            !LOG_LEVELS.contains(&d.to_ascii_lowercase().as_str()) && d.parse::<u8>().is_err()
+        })
+        .map(|d| {
+            format!(
+                "RUST_LOG directive {d:?} is no level: it shows every log of the target {d:?} \
+                 and nothing else; for a level, write one of {}",
+                LOG_LEVELS.join(", ")
+            )
+        })
+        .collect();
+    Ok((value.to_owned(), warnings))
+}
+
 /// What the Redis client would accept in a URL but this service cannot use, named for the
 /// refusal at start: TLS (`rediss://`; no TLS provider is set up, and the first connection
 /// panicked inside the TLS library), and port 0.
@@ -692,6 +728,34 @@ mod tests {
         }
         let config = Config::try_parse_from(["inventory", "--admin-token", "t0k"]).unwrap();
         assert_eq!(config.admin_token.as_deref(), Some("t0k"));
+    }
+
+    #[test]
+    fn rust_log_that_does_not_parse_is_refused_and_a_bare_word_that_is_no_level_warned_of() {
+        assert_eq!(log_filter(None), Ok(("info".to_owned(), vec![])));
+        assert_eq!(log_filter(Some("  ")), Ok(("info".to_owned(), vec![])));
+        for fine in [
+            "debug",
+            "WARN",
+            "info,inventory=debug",
+            "3",
+            "off",
+            "inventory[request]=trace",
+        ] {
+            let (filter, warnings) = log_filter(Some(fine)).expect(fine);
+            assert_eq!((filter.as_str(), warnings.len()), (fine, 0), "{fine}");
+        }
+        let refusal = log_filter(Some("garbage=[[")).unwrap_err();
+        assert!(
+            refusal.contains("valid: a level (error, warn, info, debug, trace, off)"),
+            "{refusal}"
+        );
+        let (_, warnings) = log_filter(Some("info,debugg")).unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("\"debugg\" is no level"),
+            "{warnings:?}"
+        );
     }
 
     mod properties {

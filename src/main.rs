@@ -17,7 +17,19 @@ fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let (filter, warnings) = match inventory::config::log_filter(rust_log.as_deref()) {
+        Ok(checked) => checked,
+        Err(refusal) => {
+            // As clap refuses a setting: the message and status 2, before anything starts.
+            eprintln!("error: {refusal}");
+            std::process::exit(2);
+        }
+    };
+    for warning in &warnings {
+        eprintln!("warning: {warning}");
+    }
+    let filter = EnvFilter::new(filter);
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
