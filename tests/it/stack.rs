@@ -621,7 +621,9 @@ async fn the_native_stack_refuses_bad_settings_before_starting_anything() {
         run_dir: run_dir.path(),
         inventory,
     };
-    let cases: [(&[(&str, &str)], &std::path::Path, &str); 4] = [
+    /// The settings given, the binary, what `up` must say.
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a std::path::Path, &'a str);
+    let cases: [Case; 4] = [
         (
             &[("LOCK_WAIT_MS", "5s")],
             inventory,
