@@ -48,6 +48,9 @@ pub enum ApiError {
     Reset(RedisError),
     /// 500: details go to the log, never to the client.
     Internal(String),
+    /// 503 `not_replicated` from `/ready`: the master has fewer replicas online than
+    /// `REPLICA_ACKS` wants, so every locked sale would be refused.
+    TooFewReplicas { online: u32, wanted: u32 },
 }
 
 impl ApiError {
@@ -304,6 +307,15 @@ impl ApiError {
             ApiError::Redis(e) => redis_parts(e, Effect::Read),
             ApiError::Reset(e) => redis_parts(e, Effect::Reset),
             ApiError::Internal(_) => internal(),
+            ApiError::TooFewReplicas { online, wanted } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_replicated",
+                format!(
+                    "REPLICA_ACKS is {wanted}, but the master has {online} replica(s) online: \
+                     every locked sale would answer 503 not_replicated; start replicas, or \
+                     lower REPLICA_ACKS"
+                ),
+            ),
         }
     }
 }

@@ -108,8 +108,9 @@ async fn health(State(app): State<Arc<AppState>>) -> Json<Status> {
 
 /// Readiness
 ///
-/// 200 when Redis answers a PING within the Redis timeout and, with `LOCK_NODES`, a
-/// majority of the lock nodes answer too (each is listed with its answer); 503 otherwise.
+/// 200 when Redis answers a PING within the Redis timeout, with `REPLICA_ACKS` the master
+/// has that many replicas online, and with `LOCK_NODES` a majority of the lock nodes answer
+/// too (each is listed with its answer); 503 otherwise.
 #[utoipa::path(
     get,
     path = "/ready",
@@ -119,7 +120,7 @@ async fn health(State(app): State<Arc<AppState>>) -> Json<Status> {
             example = json!({"status": "ready", "instance": "app1:7777", "lock_nodes": [
                 {"node": "127.0.0.1:7001", "ok": true}, {"node": "127.0.0.1:7002", "ok": false},
                 {"node": "127.0.0.1:7003", "ok": true}]})),
-        (status = 503, description = "Redis did not answer, or fewer than a majority of the lock nodes did (the message names each that did not, and why)", body = ErrorBody,
+        (status = 503, description = "Redis did not answer, or fewer than a majority of the lock nodes did (the message names each that did not, and why), or (`not_replicated`) the master has fewer replicas online than `REPLICA_ACKS`", body = ErrorBody,
             example = json!({"error": "redis_unavailable", "message": "Redis did not answer; retry shortly"})),
     )
 )]
@@ -137,6 +138,15 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
         )
     );
     stock?;
+    // With REPLICA_ACKS, a master without enough replicas refuses every locked sale: not
+    // ready, whatever PING says.
+    let wanted = app.seller.store().replication().acks;
+    if wanted > 0
+        && let Some(online) = app.seller.store().replicas_online().await?
+        && online < wanted
+    {
+        return Err(ApiError::TooFewReplicas { online, wanted });
+    }
     let failures: Vec<Option<String>> = answers
         .iter()
         .map(|answer| match answer {

@@ -924,6 +924,27 @@ impl Store {
         self.replication
     }
 
+    /// How many replicas the master reports online (`INFO replication`); `None` on a
+    /// cluster, where each item has a master of its own.
+    pub async fn replicas_online(&self) -> RedisResult<Option<u32>> {
+        if self.cluster.is_some() {
+            return Ok(None);
+        }
+        let info: String = self
+            .call(|mut c| async move {
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async::<String>(&mut c)
+                    .await
+            })
+            .await?;
+        let online = info
+            .lines()
+            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+            .count();
+        Ok(Some(u32::try_from(online).unwrap_or(u32::MAX)))
+    }
+
     /// A copy of this store whose every call is followed by `WAIT` on its own connection,
     /// and the count of replicas that acknowledged them; `None` when `REPLICA_ACKS` is 0.
     ///

@@ -132,6 +132,59 @@ async fn a_frozen_replica_refuses_the_acquire_with_nothing_sold_and_sales_resume
     assert_eq!(acked.audit().await["clean"].as_bool(), Some(true));
 }
 
+/// `/ready` tells the truth about `REPLICA_ACKS`: a master with fewer replicas online than
+/// it wants refuses every locked sale, so the instance is not ready (it said ready, and every
+/// sale answered 503); once a replica syncs, it is ready again by itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn ready_says_not_replicated_while_the_master_has_fewer_replicas_than_replica_acks() {
+    let master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]).await;
+    let app = InstanceBuilder::new(&master, "app1")
+        .env("REPLICA_ACKS", 1)
+        .env("REPLICA_ACK_TIMEOUT_MS", 300)
+        .start()
+        .await;
+    let plain = InstanceBuilder::new(&master, "app2").start().await;
+    let ready = app.get("/ready").await;
+    assert_eq!(
+        (ready.status, ready.error_code()),
+        (503, "not_replicated"),
+        "{}",
+        ready.body
+    );
+    let message = ready.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("REPLICA_ACKS is 1, but the master has 0 replica(s) online"),
+        "{message}"
+    );
+    assert_eq!(
+        plain.get("/ready").await.status,
+        200,
+        "without REPLICA_ACKS: ready"
+    );
+    let port = master.port().to_string();
+    let _replica = RedisServer::start_with(&[
+        "--replicaof",
+        "127.0.0.1",
+        &port,
+        "--repl-diskless-sync-delay",
+        "0",
+    ])
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = app.get("/ready").await;
+        if ready.status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never ready with a replica: {}",
+            ready.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreplicated_write_says_it_may_survive_and_a_retry_with_its_key_tells_which() {
     let (master, replica) = master_and_replica().await;
