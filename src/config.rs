@@ -266,8 +266,10 @@ pub struct Config {
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Pause between the owner check and the delete of `owner-check`, to make its race
-    /// happen on demand in fault scenarios. Keep 0 in normal use.
+    /// Pause before the delete of a release: between the owner check and the delete of
+    /// `owner-check`, and before the one-step release of `lua-release`, to make the race of
+    /// the first (and its absence in the second) happen on demand in fault scenarios. Keep
+    /// 0 in normal use.
     #[arg(long, env = "RELEASE_GAP_MS", default_value_t = 0, hide = true,
           value_parser = whole::<0, 60_000>)]
     pub release_gap_ms: u64,

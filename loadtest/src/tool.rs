@@ -31,7 +31,9 @@ impl InventoryBin {
             "no inventory binary at {} (from --inventory-bin or INVENTORY_BIN)",
             path.display()
         );
-        Ok(path)
+        // Absolute: the instances start in directories of their own, where a path relative
+        // to the caller's named nothing ("cannot run target/release/inventory").
+        Ok(std::path::absolute(&path)?)
     }
 }
 

@@ -856,3 +856,27 @@ async fn a_row_whose_lease_never_ran_out_is_missed_not_safe() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--inventory-bin` relative to where the tool is run from: the instances start in
+/// directories of their own, and a relative path used to name nothing there.
+#[tokio::test]
+async fn a_relative_inventory_bin_is_found_from_where_the_tool_runs() {
+    let bin = testkit::inventory_binary().unwrap();
+    let dir = bin.parent().unwrap().to_owned();
+    let output = Command::new(env!("CARGO_BIN_EXE_scenarios"))
+        .args([
+            "--scenario",
+            "two-instances",
+            "--strategy",
+            "setnx",
+            "--json",
+        ])
+        .args(["--inventory-bin", "./inventory"])
+        .current_dir(&dir)
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(json_lines(&stdout)[0]["observed"], "safe", "{stdout}");
+}

@@ -18,6 +18,12 @@ impl RedisLockOps for LuaRelease {
     }
 
     async fn release(cx: &LockCx, owner: &str) -> RedisResult<Released> {
+        // Fault scenarios only: the release arrives as late as `owner-check`'s delete does
+        // after its check, so that the lock may change hands before it (`release-race`);
+        // this version's one step then finds another owner and deletes nothing.
+        if !cx.release_gap.is_zero() {
+            tokio::time::sleep(cx.release_gap).await;
+        }
         let keys = &cx.store.keys;
         let unlock = &scripts::unlock_owned(&keys.lock, keys, owner, cx.tenure_mean());
         let deleted: i64 = cx

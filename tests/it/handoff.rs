@@ -454,8 +454,12 @@ async fn a_lock_nobody_here_wants_goes_to_the_next_instance_at_once() {
         .expect("handed over within 2 s of the release")
         .unwrap()
         .unwrap();
-    // a's grant drew its tenure's block of 16: the hand-off's is next.
-    assert_eq!(handed, Some(first + 16));
+    // a's grant drew its tenure's block of 16: the hand-off's is above all of it (further
+    // up when Redis's clock has passed the counter: every draw lifts it to the clock).
+    assert!(
+        handed >= Some(first + 16),
+        "{handed:?} within a's block from {first}"
+    );
 }
 
 /// A sale that waits behind a sale of its own instance waits here only for the rest of the
@@ -537,8 +541,12 @@ async fn a_lock_handed_to_a_cancelled_waiter_passes_on_at_once() {
         released_at.elapsed()
     );
     // Each grant draws its tenure's block of 16 tokens: a drew the first 16, b's hand-off
-    // the next 16 and was released; c's starts 32 above a's.
-    assert_eq!(fence, Some(first + 32));
+    // the next 16 and was released; c's starts at least 32 above a's (more when Redis's
+    // clock has passed the counter: every draw lifts it to the clock).
+    assert!(
+        fence >= Some(first + 32),
+        "{fence:?}: within the blocks from {first}"
+    );
 }
 
 /// An instance stopping right after a sale, before its scheduler ever runs the task that would

@@ -26,8 +26,8 @@ pub(super) fn configure(app: &str, env: &mut BTreeMap<String, String>) {
     }
 }
 
-/// A checks at 300 ms, the lease ends at 500 ms, B takes it, A deletes at
-/// 300 + RELEASE_GAP_MS = 700 ms.
+/// A checks at 300 ms (`lua-release`: sends its one-step release at 700 ms), the lease ends
+/// at 500 ms, B takes it, A deletes at 300 + RELEASE_GAP_MS = 700 ms.
 pub(super) async fn run(env: &Env, strategy: Strategy) -> anyhow::Result<(Observed, Value)> {
     handover::third_sale_enters(env, strategy, 300, 300 + RELEASE_GAP_MS, 400).await
 }
