@@ -699,6 +699,16 @@ async fn counts_out_of_range_are_usage_errors_naming_the_valid_values() {
     );
 }
 
+/// The network namespaces and host-side interfaces of process `pid` that still exist: its
+/// namespaces are `tk-<pid>-<n>`, their host-side interfaces `tk<pid, 5 hex>...h`.
+fn netns_of(pid: u32) -> Vec<String> {
+    let (ns, ifs) = (format!("tk-{pid}-"), format!("tk{:05x}", pid & 0xf_ffff));
+    testkit::netns::leftovers()
+        .into_iter()
+        .filter(|n| n.starts_with(&ns) || n.starts_with(&ifs))
+        .collect()
+}
+
 /// `scenarios` stopped by Ctrl-C (or SIGTERM) while a scenario's network namespace is up
 /// removes it, with its veth pairs, before it exits: a signal runs no `Drop`, and they used
 /// to stay until the next run (one veth for over a minute more).
@@ -720,16 +730,8 @@ async fn scenarios_stopped_by_a_signal_leave_no_namespace_or_veth() {
             .spawn()
             .unwrap();
         let pid = child.id().unwrap();
-        // Its namespace is `tk-<pid>-<n>`, its host-side interfaces `tk<pid, 5 hex>...h`.
-        let (ns, ifs) = (format!("tk-{pid}-"), format!("tk{:05x}", pid & 0xf_ffff));
-        let its = |names: Vec<String>| -> Vec<String> {
-            names
-                .into_iter()
-                .filter(|n| n.starts_with(&ns) || n.starts_with(&ifs))
-                .collect()
-        };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while its(netns::leftovers()).len() < 2 {
+        while netns_of(pid).len() < 2 {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the partition scenario never set up its namespace and links"
@@ -742,7 +744,7 @@ async fn scenarios_stopped_by_a_signal_leave_no_namespace_or_veth() {
             .expect("it exits on the signal")
             .unwrap();
         assert_eq!(status.code(), Some(128 + signal as i32), "{signal}");
-        let left = its(netns::leftovers());
+        let left = netns_of(pid);
         assert!(left.is_empty(), "{signal}: left behind: {left:?}");
     }
 }
@@ -752,7 +754,7 @@ async fn scenarios_stopped_by_a_signal_leave_no_namespace_or_veth() {
 /// links are removed by the harness's keeper within seconds. They used to run for good.
 #[tokio::test]
 async fn scenarios_killed_outright_leave_no_process_namespace_or_veth() {
-    use testkit::{ProcStat, group_members, netns};
+    use testkit::{ProcStat, group_members};
     let bin = testkit::inventory_binary().unwrap();
     for scenario in ["failover", "partition"] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_scenarios"))
@@ -775,17 +777,10 @@ async fn scenarios_killed_outright_leave_no_process_namespace_or_veth() {
             groups.dedup();
             groups
         };
-        let (ns, ifs) = (format!("tk-{pid}-"), format!("tk{:05x}", pid & 0xf_ffff));
-        let its = |names: Vec<String>| -> Vec<String> {
-            names
-                .into_iter()
-                .filter(|n| n.starts_with(&ns) || n.starts_with(&ifs))
-                .collect()
-        };
         // Three groups at least: Redis and both instances, or the lock nodes.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         let mut started = groups();
-        while started.len() < 3 || (scenario == "partition" && its(netns::leftovers()).is_empty()) {
+        while started.len() < 3 || (scenario == "partition" && netns_of(pid).is_empty()) {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "{scenario}: never started its processes: {started:?}"
@@ -802,7 +797,7 @@ async fn scenarios_killed_outright_leave_no_process_namespace_or_veth() {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let alive: Vec<ProcStat> = started.iter().flat_map(|&g| group_members(g)).collect();
-            let left = its(netns::leftovers());
+            let left = netns_of(pid);
             if alive.is_empty() && left.is_empty() {
                 break;
             }

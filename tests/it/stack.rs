@@ -224,6 +224,15 @@ fn stack_script(
     )
 }
 
+/// `down` succeeds, and no port of the stack is taken after it.
+fn down_frees_every_port(run_dir: &std::path::Path, ports: native::Ports) {
+    let down = stack_script(run_dir, ports, "down");
+    assert!(down.status.success(), "{}", text(&down));
+    for port in ports {
+        assert!(!listening(port), "port {port} still taken after `down`");
+    }
+}
+
 /// What a run of the script printed, stdout then stderr.
 fn text(o: &std::process::Output) -> String {
     format!(
@@ -369,11 +378,7 @@ async fn the_native_stack_comes_back_with_up_after_every_leader_was_killed() {
     .await
     .unwrap();
     assert_eq!(ready.status(), 200);
-    let down = stack_script(run_dir.path(), ports, "down");
-    assert!(down.status.success(), "{}", text(&down));
-    for port in ports {
-        assert!(!listening(port), "port {port} still taken after `down`");
-    }
+    down_frees_every_port(run_dir.path(), ports);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -701,11 +706,7 @@ async fn the_native_stack_runs_in_a_run_dir_with_spaces_and_sed_characters() {
         .await
         .unwrap();
     assert_eq!(sale.status(), 200);
-    let down = stack_script(&run_dir, ports, "down");
-    assert!(down.status.success(), "{}", text(&down));
-    for port in ports {
-        assert!(!listening(port), "port {port} still taken after `down`");
-    }
+    down_frees_every_port(&run_dir, ports);
 }
 
 /// An instance that refuses its settings exits at once: `up` says so from its log within
@@ -768,9 +769,5 @@ async fn two_ups_at_once_start_one_stack_that_down_stops_whole() {
     for pid in &pids {
         assert!(alive(pid), "a pid file names {pid}, which is not running");
     }
-    let down = stack_script(run_dir.path(), ports, "down");
-    assert!(down.status.success(), "{}", text(&down));
-    for port in ports {
-        assert!(!listening(port), "port {port} still taken after `down`");
-    }
+    down_frees_every_port(run_dir.path(), ports);
 }
