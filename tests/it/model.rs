@@ -24,12 +24,23 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use inventory::store::Keys;
+use inventory::store::hash_slot;
 use inventory::strategy::Strategy as SaleStrategy;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use testkit::fixture::{Cluster, Instance, Reply};
+use testkit::RedisCluster;
+use testkit::fixture::{Cluster, Instance, InstanceBuilder, LockNodes, Reply};
 
-const ITEMS: [&str; 2] = ["001", "m2"];
+/// The default item (paths without an id) and one more.
+const DEFAULT_ITEM: &str = "001";
+
+/// Where the runs go: the instances, the two items' ids, and a connection that reads the
+/// stock from Redis itself (one server's, or the cluster's).
+struct World<'a, C> {
+    apps: &'a [Instance],
+    items: [String; 2],
+    redis: C,
+}
 const REFUSALS: [&str; 4] = [
     "sold_out",
     "stock_changed",
@@ -108,48 +119,42 @@ struct Books {
     newest_fence: [u64; 2],
 }
 
-async fn stock(conn: &mut redis::aio::MultiplexedConnection, item: usize) -> i64 {
-    redis::cmd("GET")
-        .arg(Keys::new(ITEMS[item]).stock)
-        .query_async::<Option<i64>>(conn)
-        .await
-        .unwrap()
-        .expect("every item is stocked before the cases")
-}
-
-fn sale_path(item: usize) -> String {
-    match item {
-        0 => "/inventory/sale".to_owned(),
-        i => format!("/inventory/{}/sale", ITEMS[i]),
+impl<C: redis::aio::ConnectionLike + Send> World<'_, C> {
+    async fn stock(&mut self, item: usize) -> i64 {
+        redis::cmd("GET")
+            .arg(Keys::new(&self.items[item]).stock)
+            .query_async::<Option<i64>>(&mut self.redis)
+            .await
+            .unwrap()
+            .expect("every item is stocked before the cases")
     }
-}
 
-fn stock_path(item: usize) -> String {
-    match item {
-        0 => "/inventory".to_owned(),
-        i => format!("/inventory/{}", ITEMS[i]),
+    /// The item's path with `suffix` (`/sale`, `/audit`, or none): the default item's is
+    /// the one without an id.
+    fn path(&self, item: usize, suffix: &str) -> String {
+        match self.items[item].as_str() {
+            DEFAULT_ITEM => format!("/inventory{suffix}"),
+            id => format!("/inventory/{id}{suffix}"),
+        }
     }
-}
 
-async fn reset_at(app: &Instance, item: usize, stock: i64) {
-    let reply = app
-        .send(
-            reqwest::Client::new()
-                .put(app.url(&stock_path(item)))
-                .header("content-type", "application/json")
-                .body(format!(r#"{{"stock": {stock}}}"#)),
-        )
-        .await;
-    assert_eq!(reply.status, 200, "reset: {reply:?}");
-}
-
-async fn reset(cluster: &Cluster, item: usize, stock: i64) {
-    reset_at(&cluster.instances[0], item, stock).await;
+    async fn reset_at(&self, app: usize, item: usize, stock: i64) {
+        let app = &self.apps[app];
+        let reply = app
+            .send(
+                reqwest::Client::new()
+                    .put(app.url(&self.path(item, "")))
+                    .header("content-type", "application/json")
+                    .body(format!(r#"{{"stock": {stock}}}"#)),
+            )
+            .await;
+        assert_eq!(reply.status, 200, "reset: {reply:?}");
+    }
 }
 
 /// Sends one op; a sale's reply comes back with its item and key.
-async fn send(
-    cluster: &Cluster,
+async fn send<C: redis::aio::ConnectionLike + Send>(
+    world: &World<'_, C>,
     case: u64,
     op: &Op,
     strategies: &[SaleStrategy],
@@ -163,10 +168,10 @@ async fn send(
             work_ms,
             key,
         } => {
-            let app = &cluster.instances[app];
+            let app = &world.apps[app];
             let url = app.url(&format!(
                 "{}?strategy={}&work_ms={work_ms}",
-                sale_path(item),
+                world.path(item, "/sale"),
                 strategies[strategy]
             ));
             let key = key.map(|k| format!("case{case}-k{k}"));
@@ -177,18 +182,16 @@ async fn send(
             Some((item, key, app.send(request).await))
         }
         Op::Reset { app, item, stock } => {
-            reset_at(&cluster.instances[app], item, stock).await;
+            world.reset_at(app, item, stock).await;
             None
         }
         Op::Look { app, item, kind } => {
-            let app = &cluster.instances[app];
+            let app = &world.apps[app];
+            let sale = app.url(&world.path(item, "/sale"));
             let reply = match kind {
-                0 => app.send(http.head(app.url(&sale_path(item)))).await,
-                1 => {
-                    app.send(http.request(reqwest::Method::OPTIONS, app.url(&sale_path(item))))
-                        .await
-                }
-                _ => app.get(&stock_path(item)).await,
+                0 => app.send(http.head(sale)).await,
+                1 => app.send(http.request(reqwest::Method::OPTIONS, sale)).await,
+                _ => app.get(&world.path(item, "")).await,
             };
             assert!(reply.status < 500, "{op:?}: {reply:?}");
             None
@@ -196,8 +199,8 @@ async fn send(
     }
 }
 
-async fn run_case(
-    cluster: &Cluster,
+async fn run_case<C: redis::aio::ConnectionLike + Send>(
+    world: &mut World<'_, C>,
     books: &Mutex<Books>,
     case: u64,
     rounds: &[Vec<Op>],
@@ -205,17 +208,17 @@ async fn run_case(
 ) -> Result<(), TestCaseError> {
     // Every case from a clean slate: the audit speaks of the sales since the last reset, and
     // a shrunk case must not be blamed for the case that failed before it.
-    for item in 0..ITEMS.len() {
-        reset(cluster, item, 4).await;
+    for item in 0..2 {
+        world.reset_at(0, item, 4).await;
     }
-    let mut conn = cluster.redis.conn().await;
     for round in rounds {
-        let before = [stock(&mut conn, 0).await, stock(&mut conn, 1).await];
-        let replies = futures_util::future::join_all(
-            round.iter().map(|op| send(cluster, case, op, strategies)),
-        )
-        .await;
-        let after = [stock(&mut conn, 0).await, stock(&mut conn, 1).await];
+        let before = [world.stock(0).await, world.stock(1).await];
+        let replies = {
+            let world = &*world;
+            futures_util::future::join_all(round.iter().map(|op| send(world, case, op, strategies)))
+                .await
+        };
+        let after = [world.stock(0).await, world.stock(1).await];
         let mut books = books.lock().unwrap();
         let round_fences_floor = books.newest_fence;
         // Per item: the remaining values of the new sales, and (fenced) their tokens.
@@ -232,7 +235,7 @@ async fn run_case(
                 prop_assert!(
                     REFUSALS.contains(&code) || (reset_here && code == "lock_lost"),
                     "a refusal that is not one, for item {} (reset in the round: {}): {} {}",
-                    ITEMS[item],
+                    world.items[item],
                     reset_here,
                     reply.status,
                     reply.body
@@ -278,7 +281,7 @@ async fn run_case(
                 (0..=i64::try_from(units.len()).unwrap()).contains(&after_reset)
                     && before_reset >= 0,
                 "item {}: stock {} -> {} (reset {:?}) with sales {:?}",
-                ITEMS[item],
+                world.items[item],
                 before[item],
                 after[item],
                 reset,
@@ -291,7 +294,7 @@ async fn run_case(
                     after[item],
                     before[item] - before_reset,
                     "item {}: a sale landed that no 200 told of, or a 200 sold nothing",
-                    ITEMS[item]
+                    world.items[item]
                 ),
             }
             expected.sort_unstable();
@@ -299,7 +302,7 @@ async fn run_case(
                 &units,
                 &expected,
                 "item {}: stock {} -> {} (reset {:?}); round {:?}",
-                ITEMS[item],
+                world.items[item],
                 before[item],
                 after[item],
                 reset,
@@ -313,7 +316,7 @@ async fn run_case(
                 prop_assert!(
                     fence > round_fences_floor[item],
                     "item {}: token {} sold unit {} after token {} of an earlier round",
-                    ITEMS[item],
+                    world.items[item],
                     fence,
                     unit,
                     round_fences_floor[item]
@@ -323,7 +326,7 @@ async fn run_case(
                 prop_assert!(
                     by_unit.windows(2).all(|w| w[0].1 < w[1].1),
                     "item {}: a later unit under an older token: {:?}",
-                    ITEMS[item],
+                    world.items[item],
                     by_unit
                 );
             }
@@ -332,42 +335,45 @@ async fn run_case(
             }
         }
     }
-    for instance in &cluster.instances {
-        for item in ITEMS {
-            let path = if item == ITEMS[0] {
-                "/inventory/audit".to_owned()
-            } else {
-                format!("/inventory/{item}/audit")
-            };
-            let audit = instance.get(&path).await;
-            prop_assert_eq!(&audit.body["clean"], true, "{}: {}", item, audit.body);
+    for instance in world.apps {
+        for item in 0..2 {
+            let audit = instance.get(&world.path(item, "/audit")).await;
+            prop_assert_eq!(
+                &audit.body["clean"],
+                true,
+                "{}: {}",
+                world.items[item],
+                audit.body
+            );
         }
     }
     Ok(())
 }
 
-/// Generated rounds of sales of every safe strategy, resets and requests that must not sell,
-/// on two instances and two items: the stock read from Redis accounts for every round.
-#[test]
-fn generated_rounds_of_safe_sales_resets_and_retries_account_for_every_unit() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    // Long leases: no lock expires under 25 ms of work, so every refusal here is one that
-    // a healthy Redis makes, and the books must balance exactly.
-    let cluster = runtime.block_on(Cluster::start(2, |b| b.env("LOCK_TTL_MS", 5000)));
+/// Runs `cases` generated cases against `world`; what it sold, and the first failure with
+/// both instances' logs.
+fn run_model<C: redis::aio::ConnectionLike + Send>(
+    runtime: &tokio::runtime::Runtime,
+    world: &mut World<'_, C>,
+    cases: u32,
+) {
     let strategies = safe_strategies();
     let books = Mutex::new(Books::default());
-    let cases = AtomicU64::new(0);
+    let ran = AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {
-        cases: 40,
+        cases,
         max_shrink_iters: 64,
         failure_persistence: None,
         ..Config::default()
     });
+    let world = Mutex::new(world);
     let outcome = runner.run(&rounds(strategies.len()), |rounds| {
-        let case = cases.fetch_add(1, Ordering::Relaxed);
-        runtime.block_on(run_case(&cluster, &books, case, &rounds, &strategies))
+        let case = ran.fetch_add(1, Ordering::Relaxed);
+        let mut world = world.lock().unwrap();
+        runtime.block_on(run_case(&mut world, &books, case, &rounds, &strategies))
     });
-    let ran = cases.load(Ordering::Relaxed);
+    let world = world.into_inner().unwrap();
+    let ran = ran.load(Ordering::Relaxed);
     let sales: BTreeMap<usize, usize> = books
         .lock()
         .map(|b| BTreeMap::from([(0, b.orders.len()), (1, b.keyed.len())]))
@@ -375,8 +381,8 @@ fn generated_rounds_of_safe_sales_resets_and_retries_account_for_every_unit() {
     if let Err(e) = outcome {
         panic!(
             "{e}\nafter {ran} cases; logs:\n{}\n{}",
-            cluster.instances[0].log(),
-            cluster.instances[1].log()
+            world.apps[0].log(),
+            world.apps[1].log()
         );
     }
     // The cases did sell, and keys did repeat: otherwise this checked nothing.
@@ -384,4 +390,57 @@ fn generated_rounds_of_safe_sales_resets_and_retries_account_for_every_unit() {
         sales[&0] > 0 && sales[&1] > 0,
         "sales and keys seen: {sales:?}"
     );
+}
+
+/// Generated rounds of sales of every safe strategy, resets and requests that must not sell,
+/// on two instances and two items of one Redis: the stock read from Redis accounts for
+/// every round.
+#[test]
+fn generated_rounds_of_safe_sales_resets_and_retries_account_for_every_unit() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // Long leases: no lock expires under 25 ms of work, so every refusal here is one that
+    // a healthy Redis makes, and the books must balance exactly.
+    let cluster = runtime.block_on(Cluster::start(2, |b| b.env("LOCK_TTL_MS", 5000)));
+    let redis = runtime.block_on(cluster.redis.conn());
+    let mut world = World {
+        apps: &cluster.instances,
+        items: [DEFAULT_ITEM.to_owned(), "m2".to_owned()],
+        redis,
+    };
+    run_model(&runtime, &mut world, 40);
+}
+
+/// The same on a Redis Cluster of three masters, with the two items on two of them.
+#[test]
+fn generated_rounds_on_a_redis_cluster_account_for_every_unit_on_each_master() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (redis_cluster, nodes) =
+        runtime.block_on(async { (RedisCluster::start().await, LockNodes::start(3).await) });
+    let apps: Vec<Instance> = runtime.block_on(async {
+        let mut apps = Vec::new();
+        for name in ["app1", "app2"] {
+            apps.push(
+                InstanceBuilder::on_cluster(&redis_cluster, &nodes, name)
+                    .env("LOCK_TTL_MS", 5000)
+                    .start()
+                    .await,
+            );
+        }
+        apps
+    });
+    let masters = runtime.block_on(redis_cluster.masters());
+    let on_master = |i: usize| -> String {
+        std::iter::once(DEFAULT_ITEM.to_owned())
+            .chain((0..10_000).map(|n| format!("m{n}")))
+            .find(|id| masters[i].serves(hash_slot(&format!("{{{id}}}"))))
+            .expect("an id on every master")
+    };
+    let items = [on_master(0), on_master(1)];
+    let redis = runtime.block_on(redis_cluster.client());
+    let mut world = World {
+        apps: &apps,
+        items,
+        redis,
+    };
+    run_model(&runtime, &mut world, 16);
 }
