@@ -3,10 +3,11 @@
 -- beside a sale that has not read yet (it would read the new stock and write as if it held
 -- the lock alone), and let a naive release delete the next holder's lock. The holder's sale
 -- is refused if it read before the reset, and writes the new stock correctly if it reads
--- after. A lock without a lease (`setnx`'s, whose holder may have crashed: its flaw) gets
--- the lease every other lock is taken with, rather than being deleted: a live holder keeps
--- it for the rest of its sale (deleted, it let a second sale in beside its own, and the
--- two sold one unit twice), and a dead holder's frees itself when that lease runs out.
+-- after. A lock without a lease (`setnx`'s, whose holder may have crashed: its flaw) gets a
+-- lease longer than any live sale (the caller's wait budget, work and Redis timeouts),
+-- rather than being deleted: a live holder keeps it for the rest of its sale (deleted, or
+-- leased for only `LOCK_TTL_MS`, it let a second sale in beside its own, and the two sold
+-- one unit twice), and a dead holder's frees itself when that lease runs out.
 -- The fencing counter and the newest token seen are kept: a token must never go backwards,
 -- or a sale that drew one before the reset could pass the fence after it. A sale in flight
 -- read the stock before the reset; moving the lock-free write count refuses its write. It
@@ -21,7 +22,7 @@
 -- KEYS[7]: the lock key
 -- KEYS[8]: the count of lock-free writes
 -- ARGV[1]: the new stock
--- ARGV[2]: the lease a lock without one gets, in milliseconds (`LOCK_TTL_MS`)
+-- ARGV[2]: the lease a lock without one gets, in milliseconds (longer than any live sale)
 -- returns: the new stock
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[1])

@@ -587,7 +587,8 @@ fn shown(text: &str) -> String {
 ///
 /// Sets the stock and the initial stock of the default item (`ITEM_ID`), empties its sales
 /// ledger and the audit's counters. A leased lock stays with its holder; a lock without a
-/// lease (`setnx`'s) gets one of `LOCK_TTL_MS`, so that a crashed holder's frees itself. A
+/// lease (`setnx`'s) gets one longer than any live sale (`LOCK_WAIT_MS` + `MAX_WORK_MS` +
+/// four `REDIS_TIMEOUT_MS` + 1 s), so that a crashed holder's frees itself. A
 /// sale that read before the reset is refused (`stock_changed`), and fencing tokens keep
 /// counting up. A field other than `stock` is refused. Needs
 /// `Authorization: Bearer <ADMIN_TOKEN>` when the service has one.
@@ -667,8 +668,16 @@ async fn restock(
         )));
     }
     let store = app.seller.items.store(item);
+    // A lock without a lease (`setnx`'s) gets one that outlasts any live sale: its wait for
+    // a nested acquire (the wait budget), its work, its Redis calls (read, write, release,
+    // each bounded by the timeout), a second to spare; never less than the lease the other
+    // locks are taken with. `LOCK_TTL_MS` alone let a live holder lose it mid-sale (work
+    // past it, or a nested acquire waiting on itself) and two sales sold one unit.
+    let orphan_lease =
+        (app.seller.wait_budget + app.max_work + 4 * store.timeout() + Duration::from_secs(1))
+            .max(app.seller.items.lease());
     store
-        .reset(reset.stock, app.seller.items.lease())
+        .reset(reset.stock, orphan_lease)
         .await
         .map_err(ApiError::Reset)?;
     app.seller.items.restocked(item);

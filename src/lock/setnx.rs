@@ -2,10 +2,11 @@
 //! Fixes: `local`'s oversell behind nginx: the lock lives in Redis, shared by every instance.
 //! Still wrong: nothing ever expires the key, so a holder that dies mid-sale leaves the item
 //! locked forever and every later sale times out. The only way out is a reset, which gives
-//! the lock the lease the other versions take (`LOCK_TTL_MS`) rather than deleting it: a
-//! dead holder's lock frees itself when that runs out, and a live holder keeps its lock for
-//! the rest of its sale (deleting it let a second sale in beside the first, and the two sold
-//! one unit twice).
+//! the lock a lease longer than any live sale (wait budget, work and Redis timeouts) rather
+//! than deleting it: a dead holder's lock frees itself when that runs out, and a live holder
+//! keeps its lock for the rest of its sale (deleting it, or a lease of `LOCK_TTL_MS` that the
+//! sale's work outlasted, let a second sale in beside the first, and the two sold one unit
+//! twice).
 
 use redis::RedisResult;
 

@@ -1401,7 +1401,8 @@ impl Store {
     }
 
     /// New stock, an empty ledger and audit; a lock without a lease (`setnx`'s) gets
-    /// `orphan_lease`, so that a dead holder's frees itself and a live one's stays its own.
+    /// `orphan_lease` (longer than any live sale), so that a dead holder's frees itself and a
+    /// live one's stays its own.
     pub async fn reset(&self, stock: i64, orphan_lease: Duration) -> RedisResult<()> {
         let reset = &scripts::reset(&self.keys, stock, orphan_lease);
         self.call(|mut c| async move { reset.invoke_async::<i64>(&mut c).await })

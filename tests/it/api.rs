@@ -301,8 +301,15 @@ async fn reset_needs_the_admin_token_when_one_is_set() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reset_restores_stock_and_clears_ledger_fencing_and_lock() {
-    // A lease short against the wait budget: the stuck lock frees itself within it.
-    let cluster = Cluster::start(1, |b| b.env("LOCK_TTL_MS", 1000)).await;
+    // A short sale budget (wait, work, Redis timeout): the lease a reset gives the stuck lock
+    // outlasts any live sale, 1 + 0 + 4 x 0.1 + 1 = 2.4 s here.
+    let cluster = Cluster::start(1, |b| {
+        b.env("LOCK_TTL_MS", 1000)
+            .env("LOCK_WAIT_MS", 1000)
+            .env("MAX_WORK_MS", 0)
+            .env("REDIS_TIMEOUT_MS", 100)
+    })
+    .await;
     let app = &cluster.instances[0];
     app.reset(3).await;
     app.sale("").await;
@@ -321,18 +328,24 @@ async fn reset_restores_stock_and_clears_ledger_fencing_and_lock() {
     assert_eq!(reply.body["sales"], 0);
     let audit = app.audit().await;
     assert_eq!(audit["clean"], true, "{audit}");
-    // The lease-less lock (a crashed `setnx` holder's, or a live one's) got the lease every
-    // lock is taken with: it frees itself then, and a live holder keeps it until then.
+    // The lease-less lock (a crashed `setnx` holder's, or a live one's) got a lease longer
+    // than any live sale: it frees itself then, and a live holder keeps it until then.
     let pttl: i64 = redis::cmd("PTTL")
         .arg(&keys.lock)
         .query_async(&mut c)
         .await
         .unwrap();
     assert!(
-        (1..=1000).contains(&pttl),
-        "the stuck lock got no lease: {pttl}"
+        (2000..=2400).contains(&pttl),
+        "the stuck lock's lease: {pttl}"
     );
-    let sold = app.sale("strategy=setnx").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let sold = loop {
+        let sale = app.sale("strategy=setnx").await;
+        if sale.status != 503 || std::time::Instant::now() > deadline {
+            break sale;
+        }
+    };
     assert_eq!(sold.status, 200, "the stuck lock freed itself: {sold:?}");
     assert_eq!(sold.body["remaining"], 7);
 }

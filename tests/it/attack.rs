@@ -1502,3 +1502,55 @@ async fn attack_a_fenced_write_held_on_the_wire_never_lands_under_a_tokenless_ta
         broken.join("\n")
     );
 }
+
+/// A `setnx` holder whose sale outlasts `LOCK_TTL_MS` (work past it, as a short lease and the
+/// default `MAX_WORK_MS` allow), with a reset between its acquire and its read: the lease the
+/// reset gives its lock outlasts the sale, so the next buyer waits for its release. With a
+/// lease of `LOCK_TTL_MS` the next buyer took the lock mid-sale, and both sold one unit (4 of
+/// 4, from outside).
+#[tokio::test(flavor = "multi_thread")]
+async fn attack_a_setnx_holder_working_past_the_ttl_keeps_its_lock_across_a_reset() {
+    let redis = RedisServer::start().await;
+    let proxy = DelayingProxy::start(
+        redis.port(),
+        Duration::from_millis(300),
+        include_str!("../../lua/read_stock.lua"),
+    )
+    .await;
+    let short = |b: InstanceBuilder| b.env("LOCK_TTL_MS", 1000).env("MAX_WORK_MS", 2000);
+    let app1 = short(
+        InstanceBuilder::new(&redis, "app1")
+            .env("REDIS_URL", format!("redis://127.0.0.1:{}", proxy.port)),
+    )
+    .start()
+    .await;
+    let app2 = short(InstanceBuilder::new(&redis, "app2")).start().await;
+    app2.reset(10).await;
+    assert_eq!(app1.sale("strategy=atomic").await.status, 200, "warm");
+    app2.reset(10).await;
+    let held = proxy.hold_next_call().await;
+    let a = app1.sale("strategy=setnx&work_ms=1500");
+    let rest = async {
+        held.await;
+        // Between a's acquire and its read: the reset it will read after.
+        app2.reset(10).await;
+        app2.sale("strategy=setnx&work_ms=300").await
+    };
+    let (a, b) = tokio::join!(a, rest);
+    let audit = app2.audit().await;
+    let sold = [&a, &b].iter().filter(|r| r.status == 200).count() as i64;
+    assert_eq!(
+        (audit["clean"].as_bool(), audit["sales"].as_i64()),
+        (Some(true), Some(sold)),
+        "a={} {} | b={} {} | audit {audit}",
+        a.status,
+        a.body,
+        b.status,
+        b.body
+    );
+    assert_eq!(
+        (a.status, b.status),
+        (200, 200),
+        "both sell, one after the other"
+    );
+}
