@@ -159,15 +159,24 @@ async fn item_sale(
 
 /// The sale takes no body, but reads whatever comes, to the body limit: a body sent chunked
 /// has no `Content-Length` for the middleware to refuse, and over 16 KiB it sold where the
-/// same body declared got 413.
+/// same body declared got 413. One with anything in it is refused: `{"strategy": "none"}`
+/// sold under the default strategy, the body unread, as if the client had been heard.
 struct BodyWithinLimit;
 
 impl<S: Send + Sync> axum::extract::FromRequest<S> for BodyWithinLimit {
     type Rejection = ApiError;
 
     async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
-        axum::body::Bytes::from_request(request, state).await?;
-        Ok(BodyWithinLimit)
+        let body = axum::body::Bytes::from_request(request, state).await?;
+        if body.iter().all(u8::is_ascii_whitespace) {
+            Ok(BodyWithinLimit)
+        } else {
+            Err(ApiError::BadRequest(format!(
+                "the sale takes no body (this one had {} bytes); give strategy, work_ms and \
+                 reenter in the query string, as /inventory/sale?strategy=fenced&work_ms=0",
+                body.len()
+            )))
+        }
     }
 }
 
@@ -251,8 +260,9 @@ enum SaleResponses {
         ("Idempotent-Replayed" = String, description = "`true` when this is the first sale of the `Idempotency-Key`, replayed (nothing sold now); absent otherwise")
     ))]
     Sold(#[to_schema] Sold),
-    /// Unknown strategy, `work_ms` out of range, a malformed `Idempotency-Key` or (in
-    /// `/inventory/{item}/sale`) a malformed item id; the message names the valid values
+    /// Unknown strategy, `work_ms` out of range, a malformed `Idempotency-Key`, a body (the
+    /// sale takes none: its parameters go in the query) or (in `/inventory/{item}/sale`) a
+    /// malformed item id; the message names the valid values
     #[response(status = 400, example = json!({"error": "bad_request",
         "message": "unknown strategy \"v9\"; valid: none, local, setnx, ..."}))]
     BadRequest(ErrorBody),

@@ -651,10 +651,12 @@ async fn a_database_redis_does_not_have_answers_503_naming_it_on_every_route() {
         ("POST", "/inventory/sale", "/inventory/sale"),
         ("GET", "/inventory/other/sale", "/inventory/{item}/sale"),
     ] {
-        let request = http
-            .request(method.parse().unwrap(), app.url(path))
-            .header("content-type", "application/json")
-            .body(r#"{"stock": 5}"#);
+        let mut request = http.request(method.parse().unwrap(), app.url(path));
+        if method == "PUT" {
+            request = request
+                .header("content-type", "application/json")
+                .body(r#"{"stock": 5}"#);
+        }
         let reply = app.send(request).await;
         assert_eq!(
             (reply.status, reply.error_code()),
@@ -712,4 +714,36 @@ async fn a_query_parameter_on_the_stock_reset_or_audit_routes_is_refused_and_cha
     );
     // A bare `?` is no parameter.
     assert_eq!(app.get("/inventory?").await.status, 200);
+}
+
+/// The sale takes no body: one with its parameters in it (`{"strategy": "none"}`) sold under
+/// the default strategy, unread. Refused now, nothing sold; an empty body is no body.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sale_with_a_body_is_refused_and_sells_nothing() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(5).await;
+    let http = reqwest::Client::new();
+    for (method, path) in [("POST", "/inventory/sale"), ("GET", "/inventory/001/sale")] {
+        let reply = app
+            .send(
+                http.request(method.parse().unwrap(), app.url(path))
+                    .header("content-type", "application/json")
+                    .body(r#"{"strategy": "none", "work_ms": 99999}"#),
+            )
+            .await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (400, "bad_request"),
+            "{method} {path}: {}",
+            reply.body
+        );
+        let message = reply.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains("the sale takes no body"), "{message}");
+    }
+    assert_eq!(app.audit().await["sales"], 0, "a refused sale sold");
+    let empty = app
+        .send(http.post(app.url("/inventory/sale")).body(" \r\n"))
+        .await;
+    assert_eq!(empty.status, 200, "{}", empty.body);
 }
