@@ -140,8 +140,9 @@ check_settings() {
     [[ $value =~ ^[0-9]{1,5}$ ]] && [ "$value" -ge 1 ] && [ "$value" -le 65535 ] \
       || die "$var is '$value'; valid: a port number in 1..=65535"
   done
-  case $RUN_DIR in
-    *'"'* | *$'\n'*) die "RUN_DIR ($RUN_DIR) holds a double quote or a line break; give a path without them" ;;
+  # nginx reads `$name` in a path as a variable, whatever the quotes.
+  case $RUN_DIR$root in
+    *'"'* | *$'\n'* | *'$'*) die "RUN_DIR ($RUN_DIR) or the repository ($root) holds a double quote, a \$ or a line break, which nginx's configuration cannot name; give a path without them" ;;
   esac
   [ -x "$INVENTORY_BIN" ] || die "no binary at $INVENTORY_BIN (build it: cargo build --release, or set INVENTORY_BIN)"
 }

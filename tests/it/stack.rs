@@ -628,7 +628,13 @@ async fn the_native_stack_refuses_bad_settings_before_starting_anything() {
     };
     /// The settings given, the binary, what `up` must say.
     type Case<'a> = (&'a [(&'a str, &'a str)], &'a std::path::Path, &'a str);
-    let cases: [Case; 4] = [
+    let dollar = run_dir.path().join("p$q").display().to_string();
+    let cases: [Case; 5] = [
+        (
+            &[("RUN_DIR", &dollar)],
+            inventory,
+            "holds a double quote, a $ or a line break",
+        ),
         (
             &[("LOCK_WAIT_MS", "5s")],
             inventory,
