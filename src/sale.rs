@@ -566,14 +566,22 @@ impl Seller {
 /// claim is freed a late write is refused; and a write that landed first has replaced the
 /// claim with its sale, which the settle leaves alone. Either way the key soon tells a retry
 /// the truth, instead of "in progress" until the claim expires.
+///
+/// A settle that finds the key without this claim looks again, once a second, until the
+/// claim would have run out: the claim may still land. A call whose answer never came can be
+/// sent later by the cluster client (queued behind a slot refresh, then to the promoted
+/// replica), and its claim then sat on the new master for the rest of its time, answering
+/// retries "in progress" after a 503 that said nothing was sold (from outside).
 fn settle_when_redis_answers(store: &Store, claim: &Claim, keep: Option<&'static str>) {
     let (store, claim) = (store.clone(), claim.clone());
     tokio::spawn(async move {
         while Instant::now() < claim.pending_until {
-            match store.settle(&claim, keep).await {
-                Ok(_) => return,
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
+            let wait = match store.settle(&claim, keep).await {
+                Ok(true) => return,
+                Ok(false) => Duration::from_secs(1),
+                Err(_) => Duration::from_millis(100),
+            };
+            tokio::time::sleep(wait).await;
         }
     });
 }

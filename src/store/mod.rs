@@ -1382,6 +1382,11 @@ impl Store {
             .await?;
         Ok(match prior {
             None => Next::Proceed(claim),
+            // This claim's own marker: an earlier send of this same call landed (a cluster
+            // call sent again after a redirection whose first send had run). It is ours: a
+            // retry's claim would carry its own order id. Answered "in progress", it was the
+            // first and only request of its key (24 of them in a failover, from outside).
+            Some(prior) if prior == claim.marker => Next::Proceed(claim),
             Some(prior) => Next::Replay(idempotency::parse(&prior)),
         })
     }

@@ -747,14 +747,12 @@ async fn attack_an_idempotency_key_across_a_reset_never_sells_twice() {
         .wait_for_key(&lock_key(), false, Duration::from_secs(5))
         .await
         .unwrap();
-    // Crossed by a reset: refused, key freed.
+    // Crossed by a reset: refused, key freed. The reset lands once the sale has read (the
+    // lock alone is not enough: a reset before the read is one the sale reads after).
+    let reads = app.log().matches("stock read").count();
     let crossed = app.sale_with_key("strategy=lua-release&work_ms=500", "across-reset-2");
     let reset = async {
-        cluster
-            .redis
-            .wait_for_key(&lock_key(), true, Duration::from_secs(5))
-            .await
-            .unwrap();
+        crate::harness::until_stock_read(app, reads).await;
         app.reset(10).await;
     };
     let (crossed, ()) = tokio::join!(crossed, reset);

@@ -30,3 +30,15 @@ pub async fn scripts_run(c: &mut MultiplexedConnection) -> u64 {
         .and_then(|calls| calls.parse().ok())
         .unwrap_or(0)
 }
+
+/// Waits until `app` logs one more `stock read` than `before`: the sale has read the stock.
+pub async fn until_stock_read(app: &testkit::fixture::Instance, before: usize) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while app.log().matches("stock read").count() <= before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sale never read the stock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use inventory::idempotency::{Claim, Next};
+use inventory::idempotency::{Claim, Next, Prior};
 use inventory::metrics::Metrics;
 use inventory::store::{Entry, Keys, LockKind, Recorded, StockRead, Store, WritesSeen, scripts};
 use redis::AsyncCommands;
@@ -655,6 +655,19 @@ async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_wi
     assert_eq!(sell(&mine).await, Recorded::ClaimLost, "no claim, no sale");
     let next = store.claim(mine.clone(), Duration::from_secs(5)).await;
     assert!(matches!(next, Ok(Next::Proceed(_))), "claimed: {next:?}");
+    // The same claim sent again (a cluster call re-sent after its first send had run) finds
+    // its own marker: it is this attempt's, not one "in progress" elsewhere.
+    let again = store.claim(mine.clone(), Duration::from_secs(5)).await;
+    assert!(
+        matches!(again, Ok(Next::Proceed(_))),
+        "its own claim: {again:?}"
+    );
+    // Another attempt's claim on the same key is one in progress.
+    let other = store.claim(theirs.clone(), Duration::from_secs(5)).await;
+    assert!(
+        matches!(other, Ok(Next::Replay(Prior::InProgress))),
+        "{other:?}"
+    );
     assert_eq!(
         sell(&theirs).await,
         Recorded::ClaimLost,

@@ -4,23 +4,12 @@
 
 use std::time::{Duration, Instant};
 
+use crate::harness::until_stock_read;
 use inventory::lock::Strategy;
 use inventory::store::Keys;
 use loadtest::{LoadTest, Plan, Verdict};
 use redis::AsyncCommands;
 use testkit::fixture::{Instance, InstanceBuilder, RedisServer, Stack};
-
-/// Waits until `app` logs one more `stock read` than `before`: the sale has read the stock.
-async fn until_stock_read(app: &Instance, before: usize) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while app.log().matches("stock read").count() <= before {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the sale never read the stock"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 /// The value of one series of `/metrics`, 0 when absent.
 async fn metric(app: &Instance, series: &str) -> f64 {

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::harness::until_stock_read;
 use inventory::lock::Strategy;
 use inventory::store::{Keys, Store};
 use redis::AsyncCommands;
@@ -139,18 +140,6 @@ async fn sales_passed_within_a_tenure_read_behind_the_previous_write_and_see_it(
     }
     let prefetched = app.log().matches("\"prefetched\":true").count();
     assert!(prefetched > 0, "no read was sent behind a write");
-}
-
-/// Waits until `app` logs one more `stock read` than `before`: the sale has read the stock.
-async fn until_stock_read(app: &Instance, before: usize) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while app.log().matches("stock read").count() <= before {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the sale never read the stock"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
