@@ -54,13 +54,21 @@ fn tell(line: &str) {
 }
 
 fn start() -> Option<ChildStdin> {
-    let mut keeper = Command::new("sh")
+    // A session of its own where `setsid` is (util-linux): a kill of this process's whole
+    // session (pkill -s) then spares it. A group of its own otherwise. A kill of everything
+    // at once (a job's cgroup) takes it too; the next run's sweep removes what is left.
+    let mut command = Command::new("setsid");
+    command.arg("sh");
+    if Command::new("setsid").arg("--version").output().is_err() {
+        command = Command::new("sh");
+        command.process_group(0);
+    }
+    let mut keeper = command
         .arg("-c")
         .arg(KEEPER)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .process_group(0)
         .spawn()
         .ok()?;
     // Not waited for: it outlives this process by design, and init reaps it.
