@@ -6,7 +6,9 @@
 //! than deleting it: a dead holder's lock frees itself when that runs out, and a live holder
 //! keeps its lock for the rest of its sale (deleting it, or a lease of `LOCK_TTL_MS` that the
 //! sale's work outlasted, let a second sale in beside the first, and the two sold one unit
-//! twice).
+//! twice). A holder frozen longer than that lease loses it all the same, as under
+//! `setnx-ttl`, and its `DEL` then deletes the next holder's lock: a lease cannot tell a dead
+//! holder from a frozen one.
 
 use redis::RedisResult;
 

@@ -938,9 +938,19 @@ impl Store {
                     .await
             })
             .await?;
+        // A replica acknowledges every second; one whose last came longer ago than this is
+        // frozen or cut off, however long the master keeps it `online` (`repl-timeout`, 60 s),
+        // and acknowledges nothing a sale waits for.
+        const ACK_LAG_S: u64 = 2;
         let online = info
             .lines()
             .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+            .filter(|l| {
+                l.split(',')
+                    .find_map(|f| f.strip_prefix("lag="))
+                    .and_then(|lag| lag.trim().parse::<u64>().ok())
+                    .is_none_or(|lag| lag <= ACK_LAG_S)
+            })
             .count();
         Ok(Some(u32::try_from(online).unwrap_or(u32::MAX)))
     }

@@ -1552,3 +1552,30 @@ async fn attack_a_setnx_holder_working_past_the_ttl_keeps_its_lock_across_a_rese
         "both sell, one after the other"
     );
 }
+
+/// A client that sends `Expect: 100-continue` with a length over the limit waits for the
+/// go-ahead before it sends: it gets its 413 at once, not `100 Continue` (an invitation to
+/// send what will be refused) and then the 413 at the header timeout, 10 s later.
+#[tokio::test(flavor = "multi_thread")]
+async fn attack_an_oversized_body_behind_expect_100_continue_is_refused_at_once() {
+    let cluster = Cluster::start(1, |b| b).await;
+    let app = &cluster.instances[0];
+    app.reset(5).await;
+    for path in ["/inventory/sale?strategy=fenced", "/inventory"] {
+        let method = if path == "/inventory" { "PUT" } else { "POST" };
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: 20000\r\nExpect: 100-continue\r\n\r\n"
+        );
+        let started = std::time::Instant::now();
+        let (status, head, body) = raw(app.port, request.as_bytes(), Duration::from_secs(3)).await;
+        assert_eq!(status, 413, "{method} {path}: {head}\n{body}");
+        assert!(!head.contains("100 Continue"), "{method} {path}: {head}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{method} {path}: {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(app.audit().await["sales"], 0);
+}

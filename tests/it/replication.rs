@@ -162,7 +162,7 @@ async fn ready_says_not_replicated_while_the_master_has_fewer_replicas_than_repl
         "without REPLICA_ACKS: ready"
     );
     let port = master.port().to_string();
-    let _replica = RedisServer::start_with(&[
+    let replica = RedisServer::start_with(&[
         "--replicaof",
         "127.0.0.1",
         &port,
@@ -170,19 +170,28 @@ async fn ready_says_not_replicated_while_the_master_has_fewer_replicas_than_repl
         "0",
     ])
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let ready = app.get("/ready").await;
-        if ready.status == 200 {
-            break;
+    let until = |want: u16| {
+        let app = &app;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let ready = app.get("/ready").await;
+                if ready.status == want {
+                    return ready;
+                }
+                assert!(Instant::now() < deadline, "never {want}: {}", ready.body);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
-        assert!(
-            Instant::now() < deadline,
-            "never ready with a replica: {}",
-            ready.body
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
+    until(200).await;
+    // A frozen replica stays `online` at the master for its whole `repl-timeout` (60 s),
+    // acknowledging nothing: not ready within seconds, ready again once it wakes.
+    replica.signal("STOP").await;
+    let frozen = until(503).await;
+    assert_eq!(frozen.error_code(), "not_replicated", "{}", frozen.body);
+    replica.signal("CONT").await;
+    until(200).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
