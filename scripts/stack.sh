@@ -466,8 +466,9 @@ wait_ready() {
       done
       if [ $SECONDS -ge $deadline ]; then
         tail -n 20 "$RUN_DIR"/*.log >&2 || true
-        curl -fsS -o /dev/null --max-time 2 "$url" || true
-        die "$url did not answer within ${READY_TIMEOUT_S}s"
+        # Its last answer says why (`not_replicated`: REPLICA_ACKS above the replicas).
+        echo "last answer of $url: $(curl -sS --max-time 2 "$url" 2>&1 || true)" >&2
+        die "$url was not ready within ${READY_TIMEOUT_S}s (its last answer is above)"
       fi
       sleep 0.2
     done
