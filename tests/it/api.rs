@@ -599,27 +599,8 @@ async fn redis_urls_the_service_cannot_use_are_refused_at_start_naming_why() {
             "TLS",
         ),
     ] {
-        let out = tokio::time::timeout(
-            Duration::from_secs(20),
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory"))
-                .env_clear()
-                .env("PORT", testkit::free_port().unwrap().to_string())
-                .env("BIND_ADDR", "127.0.0.1")
-                .env(variable, url)
-                .output(),
-        )
-        .await
-        .expect("a refused setting stops the start-up, it does not hang")
-        .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            !out.status.success(),
-            "{variable}={url}: it started\n{text}"
-        );
+        let (started, text) = crate::harness::start_with_only(&[(variable, url)]).await;
+        assert!(!started, "{variable}={url}: it started\n{text}");
         for expected in [variable, why, "valid: redis://"] {
             assert!(text.contains(expected), "{variable}={url}: {text}");
         }

@@ -42,3 +42,27 @@ pub async fn until_stock_read(app: &testkit::fixture::Instance, before: usize) {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
+
+/// Starts `inventory` with nothing but `env` (and a free port on loopback), as a setting it
+/// must refuse would: whether it exited successfully, and all it printed; within 20 s, or
+/// the start-up hung.
+pub async fn start_with_only(env: &[(&str, &str)]) -> (bool, String) {
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory"))
+            .env_clear()
+            .env("PORT", free_port().to_string())
+            .env("BIND_ADDR", "127.0.0.1")
+            .envs(env.iter().copied())
+            .output(),
+    )
+    .await
+    .expect("a refused setting stops the start-up, it does not hang")
+    .expect("inventory runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}

@@ -631,31 +631,15 @@ async fn behind_sentinels_and_servers_that_require_passwords_sales_follow_a_fail
         ("REDIS_SENTINEL_PASSWORD", "wrong-pw", PW),
         ("REDIS_MASTER_PASSWORD", PW, "wrong-pw"),
     ] {
-        let out = tokio::time::timeout(
-            Duration::from_secs(20),
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory"))
-                .env_clear()
-                .env("PORT", testkit::free_port().unwrap().to_string())
-                .env("BIND_ADDR", "127.0.0.1")
-                .env("REDIS_SENTINELS", &list)
-                .env("REDIS_MASTER_NAME", MASTER_NAME)
-                .env("REDIS_SENTINEL_PASSWORD", sentinel_pw)
-                .env("REDIS_MASTER_PASSWORD", master_pw)
-                .env("REDIS_TIMEOUT_MS", "500")
-                .output(),
-        )
-        .await
-        .expect("a wrong password stops the start-up, it does not hang")
-        .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            !out.status.success(),
-            "{variable} wrong: it started\n{text}"
-        );
+        let (started, text) = crate::harness::start_with_only(&[
+            ("REDIS_SENTINELS", &list),
+            ("REDIS_MASTER_NAME", MASTER_NAME),
+            ("REDIS_SENTINEL_PASSWORD", sentinel_pw),
+            ("REDIS_MASTER_PASSWORD", master_pw),
+            ("REDIS_TIMEOUT_MS", "500"),
+        ])
+        .await;
+        assert!(!started, "{variable} wrong: it started\n{text}");
         assert!(text.contains("REDIS_SENTINELS"), "{variable} wrong: {text}");
         assert!(!text.contains(PW) && !text.contains("wrong-pw"), "{text}");
     }
