@@ -816,20 +816,7 @@ async fn scenarios_killed_outright_leave_no_process_namespace_or_veth() {
 /// said "safe, ok" although nothing had been put to the test.
 #[tokio::test]
 async fn a_row_whose_lease_never_ran_out_is_missed_not_safe() {
-    let dir = std::env::temp_dir().join(format!("long-lease-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let wrapper = dir.join("inventory");
-    let real = testkit::inventory_binary().unwrap();
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nLOCK_TTL_MS=60000 exec {} \"$@\"\n",
-            real.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let wrapper = inventory_wrapped("long-lease", "LOCK_TTL_MS=60000");
     let output = run(
         env!("CARGO_BIN_EXE_scenarios"),
         &[
@@ -849,7 +836,71 @@ async fn a_row_whose_lease_never_ran_out_is_missed_not_safe() {
         assert_eq!(row["observed"], "missed", "{row}");
         assert_eq!(row["ok"], false, "{row}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An `inventory` that runs `setup` (shell) first, as a wrapper under
+/// `$TMPDIR/<name>-<pid>/inventory`: how a row is run with its fault taken away.
+fn inventory_wrapped(name: &str, setup: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let wrapper = dir.join("inventory");
+    let real = testkit::inventory_binary().unwrap();
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/bash\n{setup}\nexec {} \"$@\"\n", real.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    wrapper
+}
+
+/// Rows whose fault never reached the lock say "missed", not "safe": `node-loss` killing a
+/// lock node no instance votes on, `partition` cutting app1 off from a node it does not use.
+/// And a nested `lua-release` acquire that waited its own lock out and then sold (a lease
+/// shorter than the wait) is the flaw, not "safe".
+#[tokio::test]
+async fn rows_whose_fault_missed_the_lock_are_missed_and_a_late_nested_sale_is_the_flaw() {
+    for (scenario, strategy, setup, expected) in [
+        (
+            "node-loss",
+            "redlock",
+            r#"IFS=, read -ra N <<< "$LOCK_NODES"; [ ${#N[@]} -eq 3 ] && export LOCK_NODES="${N[0]},${N[2]}""#,
+            "missed",
+        ),
+        (
+            "partition",
+            "redlock",
+            r#"IFS=, read -ra N <<< "$LOCK_NODES"; K=(); for n in "${N[@]}"; do case $n in *10.200.*) ;; *) K+=("$n");; esac; done; export LOCK_NODES=$(IFS=,; echo "${K[*]}")"#,
+            "missed",
+        ),
+        (
+            "reentry",
+            "lua-release",
+            "export LOCK_TTL_MS=500 LOCK_WAIT_MS=3000",
+            "flaw",
+        ),
+    ] {
+        let wrapper = inventory_wrapped(&format!("fault-{scenario}"), setup);
+        let output = run(
+            env!("CARGO_BIN_EXE_scenarios"),
+            &[
+                "--scenario",
+                scenario,
+                "--strategy",
+                strategy,
+                "--attempts",
+                "1",
+                "--json",
+            ],
+            &[("INVENTORY_BIN", wrapper.to_str().unwrap())],
+        )
+        .await;
+        let (stdout, stderr) = text(&output);
+        let rows = json_lines(&stdout);
+        assert_eq!(rows.len(), 1, "{scenario}: {stdout}\n{stderr}");
+        assert_eq!(rows[0]["observed"], expected, "{scenario}: {}", rows[0]);
+    }
 }
 
 /// `--inventory-bin` relative to where the tool is run from: the instances start in

@@ -58,7 +58,7 @@ pub(super) struct Env {
     pub(super) apps: Vec<InventoryProcess>,
     pub(super) timeline: Timeline,
     http: reqwest::Client,
-    keys: Keys,
+    pub(super) keys: Keys,
     /// The namespace of `Nodes::ThirdInNamespace` / `StockInNamespace`; dropped last, which
     /// removes it with its links.
     pub(super) ns: Option<Namespace>,

@@ -53,10 +53,31 @@ pub(super) async fn run(env: &mut Env, strategy: Strategy) -> anyhow::Result<(Ob
         Some(node) => node.get_mut().pid(),
         None => env.redis.pid(),
     };
+    // The victim must hold the lock when it dies: a node no instance votes on (a
+    // `LOCK_NODES` without it) took nothing down with it, and the row said "safe".
+    let victim_conn = match env.nodes.get_mut(1) {
+        Some(node) => node.get_mut().connection().await,
+        None => env.redis.connection().await,
+    }
+    .ok();
+    let held_when_killed = std::sync::atomic::AtomicBool::new(false);
     let (first, killed_at) = {
         let env = &*env;
         let kill = async {
             env.wait_event("app1", Event::SaleWritten).await?;
+            if let Some(mut conn) = victim_conn.clone() {
+                let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+                while tokio::time::Instant::now() < deadline {
+                    let held: bool = redis::AsyncCommands::exists(&mut conn, &env.keys.lock)
+                        .await
+                        .unwrap_or(false);
+                    if held {
+                        held_when_killed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid? as i32),
                 nix::sys::signal::Signal::SIGKILL,
@@ -100,8 +121,10 @@ pub(super) async fn run(env: &mut Env, strategy: Strategy) -> anyhow::Result<(Ob
         .chain(&second)
         .filter(|r| r.status == 200)
         .count();
-    let observed = if after_kill.is_empty() {
-        // Every sale was over before the node died: nothing was put to the test.
+    let held_when_killed = held_when_killed.load(std::sync::atomic::Ordering::Relaxed);
+    let observed = if after_kill.is_empty() || !held_when_killed {
+        // Every sale was over before the node died, or it held no lock: nothing was put to
+        // the test.
         Observed::Missed
     } else if !audit.clean || (failed_while_down > 0 && sold_after_return > 0) {
         // Oversold, or (the flaw this row is about) sales failed while the node was down
@@ -118,6 +141,7 @@ pub(super) async fn run(env: &mut Env, strategy: Strategy) -> anyhow::Result<(Ob
     }
     let details = json!({
         "killed": victim, "killed_at_ms": killed_at.as_millis() as u64,
+        "it_held_the_lock_when_killed": held_when_killed,
         "outcomes_after_the_kill": outcomes,
         "failed_while_down": failed_while_down, "sold_while_down": sold_while_down,
         "sold_after_return": sold_after_return, "sold": sold,

@@ -45,14 +45,37 @@ pub(super) async fn run(env: &mut Env, strategy: Strategy) -> anyhow::Result<(Ob
     let app1_failed = failed(&app1);
     let overlaps = overlapping_holders(&env.timeline);
     // The quorum counts app1 made without the node it cannot reach: its vote failed, or
-    // was still out when the other two settled the attempt.
-    let votes_without_node = env.timeline.count(|e| {
-        e.is("app1", Event::LockQuorum)
-            && e.fields
+    // was still out when the other two settled the attempt. The cut must be real: app1
+    // votes on three nodes, and the third never answered it (a "late" vote alone is no
+    // sign: a healthy node is late whenever the other two settle first). A `LOCK_NODES`
+    // without that node, or a route around the cut, made this row "safe" untested.
+    let app1_votes: Vec<Vec<String>> = env
+        .timeline
+        .entries()
+        .iter()
+        .filter(|e| e.is("app1", Event::LockQuorum))
+        .filter_map(|e| {
+            e.fields
                 .get("votes")
                 .and_then(Value::as_str)
-                .is_some_and(|v| v.ends_with("failed") || v.ends_with("late"))
-    });
+                .map(str::to_owned)
+        })
+        .map(|v| {
+            v.trim_matches(|c| c == '[' || c == ']')
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect();
+    let cut_never_answered = !app1_votes.is_empty()
+        && app1_votes
+            .iter()
+            .all(|votes| votes.len() == 3 && matches!(votes[2].as_str(), "failed" | "late"));
+    let votes_without_node = if cut_never_answered {
+        app1_votes.len()
+    } else {
+        0
+    };
     let audit = env.audit().await?;
     let observed = if !audit.clean || !overlaps.is_empty() {
         Observed::Flaw

@@ -29,7 +29,12 @@ pub(super) async fn run(env: &Env, strategy: Strategy) -> anyhow::Result<(Observ
         .sale(0, format!("strategy={strategy}&reenter=true"))
         .await;
     let nested_attempted = env.timeline.count(|e| e.is("app1", Event::LockAcquired)) >= 1;
+    // Sold, but only once the nested acquire had waited its own lock out (a lease shorter
+    // than the wait): that is the flaw, a sale made late under a lock that expired while
+    // its sale held it. A re-entered lock waits for nothing.
+    let waited = reply.body["waited_ms"].as_u64().unwrap_or(0);
     let observed = match (reply.status, reply.code()) {
+        (200, _) if waited >= 100 => Observed::Flaw,
         (200, _) => Observed::Safe,
         (503, "lock_timeout") if nested_attempted => Observed::Flaw,
         _ => Observed::Missed,
