@@ -16,7 +16,7 @@
 //! owner.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -41,10 +41,18 @@ const LOOKUP_INTERVAL: Duration = Duration::from_millis(100);
 /// answers anything (an error included) is left alone.
 const REBUILD_AFTER: Duration = Duration::from_secs(2);
 
-/// When the shared connection last answered, and when it was last replaced.
+/// When the shared connection last answered, and when it was last replaced, in
+/// milliseconds since `since`: atomics, as every call notes its answer.
 struct Watch {
-    answered: Instant,
-    rebuilt: Instant,
+    since: Instant,
+    answered: AtomicU64,
+    rebuilt: AtomicU64,
+}
+
+impl Watch {
+    fn now(&self) -> u64 {
+        u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// `REDIS_CLUSTER`, checked: the seed nodes, in the order given.
@@ -106,7 +114,7 @@ pub(super) struct Cluster {
     /// Shared by every call, like the multiplexed connection of a single server; replaced
     /// when it stops answering ([`REBUILD_AFTER`]).
     conn: RwLock<ClusterConnection>,
-    watch: Mutex<Watch>,
+    watch: Watch,
     seeds: ClusterSeeds,
     timeout: Duration,
     pool: Mutex<PoolSettings>,
@@ -121,13 +129,13 @@ impl Cluster {
     pub fn new(seeds: ClusterSeeds, timeout: Duration, pool: PoolSettings) -> RedisResult<Self> {
         let client = builder(&seeds).build()?;
         let conn = client.get_pending_async_connection_with_config(config(timeout));
-        let now = Instant::now();
         Ok(Self {
             conn: RwLock::new(conn),
-            watch: Mutex::new(Watch {
-                answered: now,
-                rebuilt: now,
-            }),
+            watch: Watch {
+                since: Instant::now(),
+                answered: AtomicU64::new(0),
+                rebuilt: AtomicU64::new(0),
+            },
             seeds,
             timeout,
             pool: Mutex::new(pool),
@@ -143,33 +151,31 @@ impl Cluster {
 
     /// A call on the shared connection got an answer (a reply or an error, in time).
     pub fn answered(&self) {
-        self.watch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .answered = Instant::now();
+        let now = self.watch.now();
+        self.watch.answered.store(now, Ordering::Relaxed);
     }
 
     /// A call on the shared connection got no answer in time: once nothing has answered
     /// for [`REBUILD_AFTER`] (and it was not replaced within that), the connection is
     /// replaced by a new one, which connects on its first call.
     pub fn unanswered(&self) {
-        let bound = REBUILD_AFTER.max(2 * self.timeout);
-        let now = Instant::now();
+        let bound =
+            u64::try_from(REBUILD_AFTER.max(2 * self.timeout).as_millis()).unwrap_or(u64::MAX);
+        let now = self.watch.now();
+        let answered = self.watch.answered.load(Ordering::Relaxed);
+        let rebuilt = self.watch.rebuilt.load(Ordering::Relaxed);
+        // One caller claims the rebuild: the others see `rebuilt` moved and return.
+        if now.saturating_sub(answered) < bound
+            || now.saturating_sub(rebuilt) < bound
+            || self
+                .watch
+                .rebuilt
+                .compare_exchange(rebuilt, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
         {
-            let mut watch = self.watch.lock().unwrap_or_else(|p| p.into_inner());
-            if now.duration_since(watch.answered) < bound
-                || now.duration_since(watch.rebuilt) < bound
-            {
-                return;
-            }
-            watch.rebuilt = now;
+            return;
         }
-        let silent = now.duration_since(
-            self.watch
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .answered,
-        );
+        let silent = Duration::from_millis(now.saturating_sub(answered));
         match builder(&self.seeds).build() {
             Ok(client) => {
                 let fresh = client.get_pending_async_connection_with_config(config(self.timeout));
