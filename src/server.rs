@@ -7,6 +7,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::extract::Request;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -14,8 +15,10 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_io_timeout::TimeoutStream;
+use tower::ServiceExt;
 
 use crate::config::{Config, REDIS_URL_FORM};
+use crate::hangup::Peer;
 use crate::http::{self, AppState};
 use crate::items::Items;
 use crate::lock::Locks;
@@ -145,6 +148,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut http = http1::Builder::new();
     http.timer(SettledTimer)
         .header_read_timeout(config.header_timeout());
+    raise_open_files(config.max_connections);
     let connections = Arc::new(Semaphore::new(config.max_connections as usize));
     let graceful = GracefulShutdown::new();
     let signalled = shutdown_signal();
@@ -167,16 +171,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             },
         };
         let _ = stream.set_nodelay(true);
+        // Each request carries its connection, which a sale asks whether its client left.
+        let peer = Peer::of(&stream);
         // hyper has no write deadline: a client that never reads its responses would hold
         // the connection (and one of MAX_CONNECTIONS) forever once the socket buffer fills.
         let mut stream = TimeoutStream::new(stream);
         stream.set_write_timeout(Some(config.header_timeout()));
-        let service = TowerToHyperService::new(app.clone());
+        let service = {
+            let peer = peer.clone();
+            TowerToHyperService::new(app.clone().map_request(move |mut request: Request<_>| {
+                if let Some(peer) = &peer {
+                    request.extensions_mut().insert(peer.clone());
+                }
+                request
+            }))
+        };
         let io = TokioIo::new(Box::pin(stream));
         let connection = graceful.watch(http.serve_connection(io, service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended with an error");
+            }
+            if let Some(peer) = peer {
+                peer.ended();
             }
             drop(permit);
         });
@@ -195,6 +212,37 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     items.close().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Each client connection takes two descriptors (its socket and the copy a sale asks whether
+/// the client left, see [`Peer`]), besides Redis's connections and the log: with the soft
+/// limit many systems start a process with (1024), `MAX_CONNECTIONS` (1024 by default) could
+/// never be reached, and accepts would fail past about half of it. The soft limit is raised
+/// to the hard one, as a server may; a hard limit too low is said once, at start.
+fn raise_open_files(max_connections: u64) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some() && limit.current != limit.maximum {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::debug!(error = %e, "could not raise the limit of open files");
+        }
+    }
+    let needed = max_connections.saturating_mul(2).saturating_add(64);
+    if let Some(open_files) = getrlimit(Resource::Nofile).current
+        && open_files < needed
+    {
+        tracing::warn!(
+            open_files,
+            max_connections,
+            "the limit of open files ({open_files}) is below what MAX_CONNECTIONS needs \
+             ({needed}: two per connection and some to spare): connections past it fail \
+             to be accepted; raise `ulimit -n` or lower MAX_CONNECTIONS"
+        );
+    }
 }
 
 /// hyper's timer (its only one here is the request-header deadline, which also ends idle

@@ -18,6 +18,7 @@ use utoipa_axum::routes;
 
 use super::extract::{Admin, ApiJson, ApiQuery, ItemPath, NoQuery};
 use super::{ApiError, AppState, ErrorBody, TAG_INVENTORY, TAG_SALE};
+use crate::hangup::Peer;
 use crate::idempotency;
 use crate::sale::{Completed, Hangup, MAX_WORK_MS, SaleRequest, Sold};
 use crate::store::{Audit, Inventory};
@@ -70,6 +71,10 @@ pub struct SaleHeaders {
         example = "5f0c3c1e-8a51-4a43-9f7e-1b0f3b3c2a10"
     )]
     pub idempotency_key: Option<idempotency::Key>,
+    /// The client's connection, which the server puts in each request: the sale asks it
+    /// whether its client is still there. Not a header; read from the same parts.
+    #[param(ignore)]
+    pub peer: Option<Peer>,
 }
 
 fn strategy_schema() -> ObjectBuilder {
@@ -208,7 +213,7 @@ async fn sell(
         // future while its binding is in scope across an await.
         // The guard lives in this future: a client gone drops it, and the sale, which
         // outlives it, stops where stopping is clean (see `Hangup`).
-        let (hangup, _client_waits) = Hangup::watch();
+        let (hangup, _client_waits) = Hangup::watch(headers.peer);
         let task = {
             let sale = async move {
                 sell_in_place(&app, item.as_deref(), request, key.as_ref(), hangup).await
@@ -318,10 +323,12 @@ impl<S: Send + Sync> FromRequestParts<S> for SaleHeaders {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let peer = parts.extensions.get::<Peer>().cloned();
         let mut values = parts.headers.get_all("idempotency-key").iter();
         let Some(value) = values.next() else {
             return Ok(Self {
                 idempotency_key: None,
+                peer,
             });
         };
         // Whichever one were used, a retry sending the other would sell again.
@@ -337,6 +344,7 @@ impl<S: Send + Sync> FromRequestParts<S> for SaleHeaders {
         let key = idempotency::Key::try_from(key).map_err(|_| invalid())?;
         Ok(Self {
             idempotency_key: Some(key),
+            peer,
         })
     }
 }

@@ -709,6 +709,91 @@ async fn a_sale_whose_client_hung_up_before_it_wrote_sells_nothing() {
     }
 }
 
+/// The same, whatever else the client sent before it left. hyper sees a connection end only
+/// while nothing of the client's is left unread: a client that pipelined a second sale, or
+/// sent a stray `\r\n` after its request, and then closed, was never seen to leave; its first
+/// sale and then its second sold, to nobody. Each way of leaving, for a locked, an optimistic
+/// and a worked atomic sale; and a client that pipelines and stays is sold to, every request.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_left_with_bytes_unread_is_sold_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1").start().await;
+    let address = app
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let request = |strategy: &str| {
+        format!(
+            "POST /inventory/sale?strategy={strategy}&work_ms=300 HTTP/1.1\r\nHost: x\r\n\
+             Content-Length: 0\r\n\r\n"
+        )
+    };
+    for strategy in ["fenced", "lua-release", "optimistic", "atomic"] {
+        let leavings: [(&str, String, bool); 4] = [
+            ("a pipelined second sale", request(strategy), false),
+            ("a stray CRLF", "\r\n".to_owned(), false),
+            ("one stray byte", "G".to_owned(), false),
+            (
+                "a pipelined sale, then a half-close",
+                request(strategy),
+                true,
+            ),
+        ];
+        for (what, trailing, half_close) in leavings {
+            app.reset(100).await;
+            let mut client = tokio::net::TcpStream::connect(&address).await.unwrap();
+            client
+                .write_all(format!("{}{trailing}", request(strategy)).as_bytes())
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if half_close {
+                client.shutdown().await.unwrap();
+            } else {
+                drop(client);
+            }
+            // Both sales' work and writes, had they gone on, with room to spare.
+            tokio::time::sleep(Duration::from_millis(2 * 300 + 400)).await;
+            let audit = app.audit().await;
+            assert_eq!(
+                (audit["sales"].as_i64(), audit["clean"].as_bool()),
+                (Some(0), Some(true)),
+                "{strategy}, {what}: a client that left bought nothing: {audit}\n{}",
+                app.log()
+            );
+        }
+        // A client that pipelines and stays hears every answer, and each is a sale.
+        app.reset(100).await;
+        let mut client = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let pair = format!("{}{}", request(strategy), request(strategy));
+        client.write_all(pair.as_bytes()).await.unwrap();
+        let mut heard = Vec::new();
+        let mut buffer = [0u8; 4096];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while String::from_utf8_lossy(&heard)
+            .matches("HTTP/1.1 200")
+            .count()
+            < 2
+        {
+            let read = tokio::time::timeout_at(deadline, client.read(&mut buffer))
+                .await
+                .expect("both answers within 10 s")
+                .unwrap();
+            assert!(
+                read > 0,
+                "{strategy}: closed early: {}",
+                String::from_utf8_lossy(&heard)
+            );
+            heard.extend_from_slice(&buffer[..read]);
+        }
+        let audit = app.audit().await;
+        assert_eq!(audit["sales"].as_i64(), Some(2), "{strategy}: {audit}");
+    }
+    assert!(app.log().contains("client_gone"), "the refusals are logged");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn idempotency_keys_expire_after_their_ttl_and_sold_out_is_replayed() {
     let cluster = Cluster::start(1, |b| b.env("IDEMPOTENCY_TTL_S", 1)).await;
