@@ -122,6 +122,24 @@ impl Sentinels {
             .map(|info| info.set_redis_settings(Self::auth(&self.sentinel_password)))
     }
 
+    /// Whether a sentinel that answers knows the master's name, whatever state it holds
+    /// the master in (`SENTINEL GET-MASTER-ADDR-BY-NAME` names a master that is down; the
+    /// crate's lookup skips it). Each sentinel is given `timeout` to connect and answer.
+    fn name_is_known(&self, timeout: Duration) -> bool {
+        self.addrs.iter().any(|(host, port)| {
+            let asked = || -> RedisResult<Option<(String, u16)>> {
+                let client = Client::open(self.sentinel_info(host, *port)?)?;
+                let mut c = client.get_connection_with_timeout(timeout)?;
+                c.set_read_timeout(Some(timeout))?;
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&self.master_name)
+                    .query(&mut c)
+            };
+            matches!(asked(), Ok(Some(_)))
+        })
+    }
+
     /// A client of the server a sentinel named master.
     fn master_client(&self, host: &str, port: u16) -> RedisResult<Client> {
         let info = redis::IntoConnectionInfo::into_connection_info((host, port))?
@@ -239,21 +257,35 @@ impl Server {
         // within the lookup bound; one that overruns is left to finish or hang alone.
         let mut first = sentinels.client()?;
         let (tx, rx) = std::sync::mpsc::channel();
+        let asked = sentinels.clone();
         std::thread::spawn(move || {
-            let _ = tx.send(first.get_client());
+            let found = first.get_client();
+            // The crate says "not found" also for a name the sentinels know whose master
+            // they hold down (`s_down`, `o_down`): a failover yet to come, not a wrong name.
+            let known_but_down = matches!(&found, Err(e)
+                if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel
+                    && asked.name_is_known(timeout));
+            let _ = tx.send((found, known_but_down));
         });
         let start_without_one = || Backend::build(Client::open(UNREACHABLE)?, timeout, pool);
         let backend = match rx.recv_timeout(timeout * 4) {
-            Ok(Ok(master)) => {
+            Ok((Ok(master), _)) => {
                 let backend = Backend::build(master, timeout, pool)?;
                 tracing::info!(master = %backend.address(), "Sentinel names the master");
                 backend
             }
-            Ok(Err(e)) if unreachable(&e) => {
+            Ok((Err(e), _)) if unreachable(&e) => {
                 tracing::warn!(error = %e, "no sentinel or no master reachable yet; starting without one and asking again");
                 start_without_one()?
             }
-            Ok(Err(e)) => return Err(e),
+            Ok((Err(_), true)) => {
+                tracing::warn!(
+                    master_name = %sentinels.master_name,
+                    "the sentinels know the master but hold it down; starting without one and asking again"
+                );
+                start_without_one()?
+            }
+            Ok((Err(e), false)) => return Err(e),
             Err(_) => {
                 tracing::warn!(
                     within_ms = (timeout * 4).as_millis() as u64,

@@ -482,6 +482,74 @@ async fn an_instance_started_during_a_failover_sells_once_sentinel_has_promoted_
     );
 }
 
+/// A master the sentinels know but hold down (`o_down`, its replica frozen too, so no
+/// failover ends it) is no wrong name: the instance starts, not ready, and sells once the
+/// master answers again. The `redis` crate reports such a master as "not found", as it does a
+/// name no sentinel knows, and the instance used to exit at start as if misconfigured. A name
+/// no sentinel knows still stops it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_starts_while_the_sentinels_hold_its_master_down_and_sells_once_it_is_back() {
+    let (master, replica) = master_and_replica().await;
+    let timing = SentinelTiming::default();
+    let sentinels = sentinels_for(&master, timing).await;
+    master.signal("STOP").await;
+    replica.signal("STOP").await;
+    let deadline = Instant::now() + timing.down_after + Duration::from_secs(10);
+    loop {
+        let flags = sentinels[0]
+            .master_info(MASTER_NAME)
+            .await
+            .ok()
+            .and_then(|m| m.get("flags").cloned())
+            .unwrap_or_default();
+        if flags.contains("o_down") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never o_down: {flags}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (started, text) = crate::harness::start_with_only(&[
+        ("REDIS_SENTINELS", &sentinel_list(&sentinels)),
+        ("REDIS_MASTER_NAME", "no-such-master"),
+        ("REDIS_TIMEOUT_MS", "300"),
+    ])
+    .await;
+    assert!(
+        !started && text.contains("REDIS_SENTINELS"),
+        "an unknown name: {text}"
+    );
+    let app = InstanceBuilder::new(&master, "app1")
+        .env("REDIS_SENTINELS", sentinel_list(&sentinels))
+        .env("REDIS_MASTER_NAME", MASTER_NAME)
+        .env("REDIS_TIMEOUT_MS", 300)
+        .start()
+        .await;
+    assert!(
+        app.log().contains("hold it down"),
+        "the start says why it has no master: {}",
+        app.log()
+    );
+    assert_eq!(app.get("/ready").await.status, 503, "{}", app.log());
+    master.signal("CONT").await;
+    replica.signal("CONT").await;
+    let deadline =
+        Instant::now() + timing.down_after + timing.failover_timeout + Duration::from_secs(5);
+    loop {
+        let reset = app.put_inventory(r#"{"stock": 10}"#, None).await;
+        if reset.status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never sold again: {reset:?}\n{}",
+            app.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sale = app.sale("strategy=fenced").await;
+    assert_eq!(sale.status, 200, "{sale:?}\n{}", app.log());
+}
+
 /// A sentinel that accepts connections and never answers (frozen with `SIGSTOP`), first in
 /// `REDIS_SENTINELS`, does not hold the start-up: the instance starts within the lookup
 /// bound and sells through the others.
