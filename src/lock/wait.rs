@@ -693,6 +693,7 @@ impl Drop for Registration<'_> {
 async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
     let mut backoff = Duration::from_millis(50);
     let mut conn: Option<MultiplexedConnection> = None;
+    let mut moves = store.master_moves();
     while !queue.closed.load(Ordering::Relaxed) {
         // Idle until someone waits: an instance without waiters must not take signals.
         loop {
@@ -709,6 +710,10 @@ async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
                 break;
             }
             wanted.await;
+        }
+        if conn.is_none() {
+            // Seen before the client is taken: a move after it reconnects once more.
+            moves.borrow_and_update();
         }
         let connected = match conn.as_mut() {
             Some(connected) => connected,
@@ -729,7 +734,7 @@ async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
             },
         };
         let served = Instant::now();
-        if let Err(e) = serve(connected, &keys, &queue).await {
+        if let Err(e) = serve(connected, &keys, &queue, &mut moves).await {
             tracing::warn!(error = %e, "lock signal connection lost; reconnecting");
             // On a cluster a `MOVED` here means the item's slot has another master now: the
             // next connection goes to the one the cluster names. An `ASK` (the slot half
@@ -747,7 +752,12 @@ async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
     }
 }
 
-async fn serve(conn: &mut MultiplexedConnection, keys: &Keys, queue: &Queue) -> RedisResult<()> {
+async fn serve(
+    conn: &mut MultiplexedConnection,
+    keys: &Keys,
+    queue: &Queue,
+    moves: &mut tokio::sync::watch::Receiver<u64>,
+) -> RedisResult<()> {
     let key = keys.signal.as_str();
     loop {
         if queue.closed.load(Ordering::Relaxed) {
@@ -787,17 +797,20 @@ async fn serve(conn: &mut MultiplexedConnection, keys: &Keys, queue: &Queue) -> 
             blpop.arg(key);
         }
         blpop.arg(STALL.as_secs_f64());
-        let popped = timeout(
-            STALL + Duration::from_secs(2),
-            blpop.query_async::<Option<(String, String)>>(conn),
-        )
-        .await
-        .map_err(|_| {
-            redis::RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "BLPOP outlived its own timeout",
-            ))
-        })??;
+        let popped = tokio::select! {
+            popped = timeout(
+                STALL + Duration::from_secs(2),
+                blpop.query_async::<Option<(String, String)>>(conn),
+            ) => popped.map_err(|_| {
+                redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "BLPOP outlived its own timeout",
+                ))
+            })??,
+            () = master_moved(moves) => return Err(redis::RedisError::from(std::io::Error::other(
+                "Sentinel named a new master: the releases happen there now",
+            ))),
+        };
         match popped {
             Some((list, message)) if *list == *queue.inbox => {
                 if let Some(orphan) = queue.deliver(message)
@@ -812,6 +825,14 @@ async fn serve(conn: &mut MultiplexedConnection, keys: &Keys, queue: &Queue) -> 
                 queue.hand_out();
             }
         }
+    }
+}
+
+/// Once the store follows Sentinel to another master; never for a fixed server or a cluster
+/// (where the old master of a slot answers `MOVED`).
+async fn master_moved(moves: &mut tokio::sync::watch::Receiver<u64>) {
+    if moves.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -840,7 +861,9 @@ async fn subscribe(store: Store, channel: String, releases: Weak<Notify>) {
         return subscribe_sharded(store, channel, releases).await;
     }
     let mut backoff = Duration::from_millis(50);
+    let mut moves = store.master_moves();
     while releases.strong_count() > 0 {
+        moves.borrow_and_update();
         let client = match store.client().await {
             Ok(client) => client,
             Err(e) => {
@@ -863,12 +886,19 @@ async fn subscribe(store: Store, channel: String, releases: Weak<Notify>) {
                     };
                     wake(&notify);
                     drop(notify);
-                    if messages.next().await.is_none() {
+                    let heard = tokio::select! {
+                        message = messages.next() => message.is_some(),
+                        () = master_moved(&mut moves) => {
+                            tracing::info!(%channel, "Sentinel named a new master: subscribing there");
+                            break;
+                        }
+                    };
+                    if !heard {
+                        tracing::warn!(%channel, "release subscription lost; waiters fall back to lease bounds");
                         break;
                     }
                     wake = Notify::notify_one;
                 }
-                tracing::warn!(%channel, "release subscription lost; waiters fall back to lease bounds");
             }
             Ok(Err(e)) => tracing::debug!(error = %e, "cannot subscribe to lock releases yet"),
             Err(_) => tracing::debug!("subscribing to lock releases timed out"),

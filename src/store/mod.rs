@@ -1031,6 +1031,13 @@ impl Store {
         }
     }
 
+    /// Changes each time the store follows Sentinel to another master: a connection made
+    /// from [`Store::client`] before that goes to the old one, which may still be up and
+    /// taking commands (a planned failover) while the releases happen on the new one.
+    pub fn master_moves(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.server.moves()
+    }
+
     /// On a cluster, a cluster connection of its own that pushes what it receives (sharded
     /// pub/sub messages) to `sender`; `None` for a single server.
     pub fn cluster_subscriber(

@@ -208,6 +208,11 @@ pub(super) struct Server {
     lookup: Option<Lookup>,
     timeout: Duration,
     pool: Mutex<PoolSettings>,
+    /// Counts the masters followed: connections of their own (a blocked `BLPOP`, a
+    /// subscription) move when it changes. An old master still up after a planned failover
+    /// breaks none of them until Sentinel reconfigures it (at its next `INFO`, up to 10 s
+    /// later), and meanwhile they heard nothing of the releases on the new one.
+    moved: tokio::sync::watch::Sender<u64>,
 }
 
 impl Server {
@@ -236,6 +241,7 @@ impl Server {
             lookup: None,
             timeout: Duration::ZERO,
             pool: Mutex::new(PoolSettings::default()),
+            moved: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -306,7 +312,13 @@ impl Server {
             }),
             timeout,
             pool: Mutex::new(pool),
+            moved: tokio::sync::watch::Sender::new(0),
         })
+    }
+
+    /// Changes each time another master is followed (never for a fixed server).
+    pub fn moves(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.moved.subscribe()
     }
 
     pub fn backend(&self) -> Arc<Backend> {
@@ -466,6 +478,7 @@ impl Server {
         match Backend::build(master, self.timeout, pool) {
             Ok(backend) => {
                 self.replace(backend);
+                self.moved.send_modify(|moves| *moves += 1);
                 if previous == UNREACHABLE_ADDR {
                     tracing::info!(master = %address, "Sentinel names the master");
                 } else {
