@@ -24,6 +24,20 @@
 -- ARGV[1]: the new stock
 -- ARGV[2]: the lease a lock without one gets, in milliseconds (longer than any live sale)
 -- returns: the new stock
+-- Each write is checked against the user's ACL first: Redis does not undo the writes of a
+-- script that fails half-way, and a reset that set the stock but kept the old audit would
+-- report sales that never happened (see sell.lua).
+for _, check in ipairs({
+  {'SET', KEYS[1], '0'}, {'SET', KEYS[2], '0'},
+  {'DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6]},
+  {'PTTL', KEYS[7]}, {'PEXPIRE', KEYS[7], '1'}, {'TIME'},
+  {'GET', KEYS[8]}, {'SET', KEYS[8], '0'}, {'INCR', KEYS[8]},
+}) do
+  if not redis.acl_check_cmd(unpack(check)) then
+    return redis.error_reply('NOPERM the Redis user may not run ' .. check[1]
+      .. (check[2] and (' on ' .. check[2]) or '') .. ': the reset wrote nothing')
+  end
+end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6])

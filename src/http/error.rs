@@ -375,8 +375,8 @@ fn redis_parts(e: &RedisError, effect: Effect) -> (StatusCode, &'static str, Str
             StatusCode::SERVICE_UNAVAILABLE,
             "redis_auth_failed",
             format!(
-                "Redis refused this service's credentials (the password or user in \
-                 REDIS_URL){}",
+                "Redis refused this service's credentials, or a command to its user (the \
+                 password or user in REDIS_URL, and its ACL){}",
                 effect.refused()
             ),
         )

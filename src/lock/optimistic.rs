@@ -197,7 +197,17 @@ async fn attempt(
             SCRIPT_LOADED.store(false, Ordering::Relaxed);
             Ok(Attempt::ScriptLoaded)
         }
-        Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => Err(Failure::Redis(e)),
+        // Redis answered, and refused the transaction or the script before its first write
+        // (a refusal such as NOREPLICAS comes back as the EXEC's error for its one command,
+        // whose kind the client does not know; it answered 504 for a sale that certainly
+        // did not land).
+        Err(e)
+            if matches!(e.kind(), redis::ErrorKind::Server(_))
+                || crate::store::write_refusal(&e).is_some()
+                || crate::store::is_auth_error(&e) =>
+        {
+            Err(Failure::Redis(e))
+        }
         Err(e) => {
             discard(conn);
             Err(Failure::Unknown(e))

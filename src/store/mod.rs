@@ -32,9 +32,28 @@ pub fn is_database_refused(e: &RedisError) -> bool {
     e.to_string().contains("refused to switch database")
 }
 
+/// Also a command the user may not run: `NOPERM` on its own, and in a script Redis's own
+/// words under `ERR`, which is how it reports a `redis.call` the user's ACL refuses.
 pub fn is_auth_error(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || server_codes(e)
+            .iter()
+            .any(|code| matches!(code.as_str(), "NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || e.to_string().contains("can't run this command")
+}
+
+/// The codes of every error Redis answered in `e`: one for a command, one per refused
+/// command of a pipeline, whose error `code()` does not tell (it names only a kind the
+/// client knows, and `OOM`, `NOREPLICAS` or `BUSY` are none, so a refused pipeline answered
+/// 500 where the same refusal of a script answered 503).
+fn server_codes(e: &RedisError) -> Vec<String> {
+    match e.clone().into_server_errors() {
+        Some(errors) => errors
+            .iter()
+            .map(|(_, error)| error.code().to_owned())
+            .collect(),
+        None => e.code().map(str::to_owned).into_iter().collect(),
+    }
 }
 
 /// Why Redis refused a command it will take again later, if that is what `e` is: out of
@@ -53,11 +72,11 @@ pub fn write_refusal(e: &RedisError) -> Option<&'static str> {
         ),
         ("BUSY", "Redis is busy running a script (BUSY)"),
     ];
-    let code = e.code().unwrap_or("");
+    let codes = server_codes(e);
     let text = e.to_string();
     REFUSALS.iter().find_map(|(refusal, why)| {
-        let discarded = code == "EXECABORT" && text.contains(refusal);
-        (code == *refusal || discarded).then_some(*why)
+        let discarded = codes.iter().any(|c| c == "EXECABORT") && text.contains(refusal);
+        (codes.iter().any(|c| c == refusal) || discarded).then_some(*why)
     })
 }
 

@@ -199,6 +199,9 @@ async fn redis_refusing_writes_gets_every_strategy_a_503_that_sold_nothing() {
             let () = set.query_async(&mut conn).await.expect("refuse writes");
             let key = format!("{name}-{}", strategy.name());
             let refused = app.sale_with_key(&query, &key).await;
+            // Without a key the lock's own write is the first refused: in a pipeline
+            // (`SET NX` with `PTTL`), whose error named no code, it answered 500.
+            let unkeyed = app.sale(&query).await;
             let mut set = redis::cmd("CONFIG");
             set.arg("SET").arg(accept);
             let () = set.query_async(&mut conn).await.expect("take writes");
@@ -213,6 +216,12 @@ async fn redis_refusing_writes_gets_every_strategy_a_503_that_sold_nothing() {
                     .as_str()
                     .is_some_and(|m| m.contains(name) || m.contains("memory")),
                 "{name} {query}: the message says why: {refused:?}"
+            );
+            assert_eq!(
+                (unkeyed.status, unkeyed.error_code()),
+                (503, "redis_unavailable"),
+                "{name} {query}, no key: {unkeyed:?}\n{}",
+                app.log()
             );
             let retried = app.sale_with_key(&query, &key).await;
             assert_eq!(retried.status, 200, "{name} {query}: {retried:?}");
@@ -792,6 +801,104 @@ async fn a_client_that_left_with_bytes_unread_is_sold_nothing() {
         assert_eq!(audit["sales"].as_i64(), Some(2), "{strategy}: {audit}");
     }
     assert!(app.log().contains("client_gone"), "the refusals are logged");
+}
+
+/// Redis does not undo a script's writes when a later command of it fails, and an ACL user
+/// may lack any command. From outside: a user without `XADD` had every sale answer 500 after
+/// taking its unit, and one `Idempotency-Key` sold on each retry. For a user lacking each
+/// command a sale or a reset writes with, and every way of selling: an answer is a sale
+/// (200) or a 503 that sold nothing, never a 500; the stock, the sales count and the ledger
+/// account for exactly the 200s; and a key refused there sells once on an instance allowed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_user_without_a_command_sells_nothing_half_way() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1").start().await;
+    let mut admin = redis.conn().await;
+    let strategies = [
+        "atomic",
+        "fenced",
+        "lua-release",
+        "watchdog",
+        "reentrant",
+        "optimistic",
+        "setnx-ttl",
+    ];
+    let keys = Keys::new("001");
+    for lacking in [
+        "XADD", "SETBIT", "INCR", "INCRBY", "DECRBY", "SET", "TIME", "GET",
+    ] {
+        let user = format!("no-{}", lacking.to_lowercase());
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(&user)
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all")
+            .arg(format!("-{}", lacking.to_lowercase()))
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        // Without GET a lock script stops half-way too, leaving its lock for its lease:
+        // that sale waits it out (lock_timeout, nothing sold).
+        let limited = InstanceBuilder::new(&redis, "limited")
+            .env("LOCK_WAIT_MS", 1000)
+            .env(
+                "REDIS_URL",
+                format!("redis://{user}:pw@127.0.0.1:{}", redis.port()),
+            )
+            .start()
+            .await;
+        let reset = limited.put_inventory(r#"{"stock": 50}"#, None).await;
+        assert!(
+            reset.status == 200 || reset.status == 503,
+            "without {lacking}: a reset {reset:?}"
+        );
+        app.reset(50).await;
+        let mut sold = 0;
+        for strategy in strategies {
+            let key = format!("{lacking}-{strategy}");
+            let sale = limited
+                .sale_with_key(&format!("strategy={strategy}"), &key)
+                .await;
+            match sale.status {
+                200 => sold += 1,
+                503 => {
+                    let retry = app
+                        .sale_with_key(&format!("strategy={strategy}"), &key)
+                        .await;
+                    // A user that cannot even read the claim back cannot free it either:
+                    // the key waits out its claim, in progress.
+                    if (retry.status, retry.error_code()) != (409, "in_progress") {
+                        assert_eq!(
+                            retry.status, 200,
+                            "without {lacking}, {strategy}: {retry:?}"
+                        );
+                        assert!(retry.headers.get("idempotent-replayed").is_none());
+                        sold += 1;
+                    }
+                }
+                _ => panic!("without {lacking}, {strategy}: {sale:?}\n{}", limited.log()),
+            }
+            let stock: i64 = admin.get(&keys.stock).await.unwrap();
+            let sales: Option<i64> = admin.get(&keys.sales).await.unwrap();
+            let sales = sales.unwrap_or(0);
+            let ledger: i64 = redis::cmd("XLEN")
+                .arg(&keys.ledger)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            assert_eq!(
+                (stock, sales, ledger),
+                (50 - sold, sold, sold),
+                "without {lacking}, after {strategy}: every unit gone is one 200\n{}",
+                limited.log()
+            );
+        }
+        let audit = app.audit().await;
+        assert_eq!(audit["clean"], true, "without {lacking}: {audit}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
