@@ -360,7 +360,17 @@ async fn report_node_at_start(node: Store) {
 
 async fn report_redis_at_start(store: Store) {
     match store.ping().await {
-        Ok(()) => tracing::info!("redis reachable"),
+        Ok(()) => {
+            tracing::info!("redis reachable");
+            if let Ok(Some(policy)) = store.eviction_policy().await {
+                tracing::error!(
+                    policy,
+                    "redis may evict keys (maxmemory is set, maxmemory-policy {policy}): an \
+                     evicted lock lets a second sale in beside its holder; /ready answers 503 \
+                     redis_may_evict until maxmemory-policy is noeviction"
+                );
+            }
+        }
         Err(e) if crate::store::is_auth_error(&e) => tracing::error!(
             "redis refused the credentials in REDIS_URL (wrong or missing password, or user \
              without rights): every sale will fail with 503 redis_auth_failed until it is fixed"

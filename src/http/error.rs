@@ -17,8 +17,9 @@ pub struct ErrorBody {
     /// One of: bad_request, payload_too_large, request_timeout, unauthorized, not_found,
     /// method_not_allowed, unknown_item, sold_out, lock_lost, stale_fence, stock_changed,
     /// in_progress, lock_timeout, too_much_contention, pool_exhausted, redis_unavailable,
-    /// redis_auth_failed, not_replicated, outcome_unknown, internal (and client_gone, in the logs
-    /// and metrics only: the client of that sale had left).
+    /// redis_auth_failed, not_replicated, redis_may_evict (`/ready` only), outcome_unknown,
+    /// internal (and client_gone, in the logs and metrics only: the client of that sale had
+    /// left).
     pub error: String,
     pub message: String,
 }
@@ -51,6 +52,8 @@ pub enum ApiError {
     /// 503 `not_replicated` from `/ready`: the master has fewer replicas online than
     /// `REPLICA_ACKS` wants, so every locked sale would be refused.
     TooFewReplicas { online: u32, wanted: u32 },
+    /// Redis may evict keys (its `maxmemory-policy`, with `maxmemory` set): not ready.
+    MayEvict(String),
 }
 
 impl ApiError {
@@ -307,6 +310,16 @@ impl ApiError {
             ApiError::Redis(e) => redis_parts(e, Effect::Read),
             ApiError::Reset(e) => redis_parts(e, Effect::Reset),
             ApiError::Internal(_) => internal(),
+            ApiError::MayEvict(policy) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "redis_may_evict",
+                format!(
+                    "Redis may evict keys (maxmemory is set, and maxmemory-policy is \
+                     {policy}): an evicted lock lets a second sale in beside its holder, and an \
+                     evicted idempotency record sells its key again; set maxmemory-policy \
+                     noeviction (full memory then refuses writes, 503, and loses nothing)"
+                ),
+            ),
             ApiError::TooFewReplicas { online, wanted } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not_replicated",

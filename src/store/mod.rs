@@ -80,6 +80,17 @@ pub fn write_refusal(e: &RedisError) -> Option<&'static str> {
     })
 }
 
+/// The policy `INFO memory` names, when Redis may evict keys under it.
+fn evicting_policy(info: &str) -> Option<String> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+    };
+    let limited = field("maxmemory").and_then(|m| m.parse::<u64>().ok()) > Some(0);
+    let policy = field("maxmemory_policy")?;
+    (limited && policy != "noeviction").then(|| policy.to_owned())
+}
+
 /// A Redis URL fit for a log line or an error: any password replaced by `***`. Whatever
 /// stands before the last `@` is taken for credentials, URL or not: a value that failed
 /// to parse as a URL (`:pw@host`, `redis:/:pw@host`) is exactly the one quoted in an error.
@@ -974,6 +985,27 @@ impl Store {
         Ok(Some(u32::try_from(online).unwrap_or(u32::MAX)))
     }
 
+    /// The eviction policy of a Redis that may evict keys (`maxmemory` set, and a
+    /// `maxmemory-policy` other than `noeviction`), from `INFO memory`, which managed Redis
+    /// services answer where they refuse `CONFIG`; `None` when it never evicts, and on a
+    /// cluster (each item has a master of its own). Evicted, a lock lets a second holder in
+    /// (the `volatile-*` policies pick keys with a lease first, the locks' among them), an
+    /// idempotency record lets its key sell again, and the stock vanishes.
+    pub async fn eviction_policy(&self) -> RedisResult<Option<String>> {
+        if self.cluster.is_some() {
+            return Ok(None);
+        }
+        let info: String = self
+            .call(|mut c| async move {
+                redis::cmd("INFO")
+                    .arg("memory")
+                    .query_async::<String>(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(evicting_policy(&info))
+    }
+
     /// A copy of this store whose every call is followed by `WAIT` on its own connection,
     /// and the count of replicas that acknowledged them; `None` when `REPLICA_ACKS` is 0.
     ///
@@ -1592,6 +1624,29 @@ impl Audit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_policy_that_can_evict_under_a_memory_limit_counts() {
+        let info = |max: &str, policy: &str| {
+            format!(
+                "# Memory\r\nused_memory:1\r\nmaxmemory:{max}\r\nmaxmemory_human:x\r\nmaxmemory_policy:{policy}\r\n"
+            )
+        };
+        assert_eq!(evicting_policy(&info("0", "allkeys-lru")), None);
+        assert_eq!(evicting_policy(&info("1048576", "noeviction")), None);
+        for policy in [
+            "volatile-lru",
+            "allkeys-lru",
+            "volatile-ttl",
+            "allkeys-random",
+        ] {
+            assert_eq!(
+                evicting_policy(&info("1048576", policy)).as_deref(),
+                Some(policy)
+            );
+        }
+        assert_eq!(evicting_policy("garbage"), None);
+    }
 
     /// Every key name of one item, the idempotency keys and the hand-off inboxes included.
     fn every_key(k: &Keys) -> Vec<String> {

@@ -901,6 +901,70 @@ async fn a_redis_user_without_a_command_sells_nothing_half_way() {
     }
 }
 
+/// A Redis that may evict keys under memory pressure breaks every lock: from outside, with
+/// `volatile-lru` one memory spike evicted a held `lua-release` lock and a second sale sold
+/// the same unit, and with `volatile-ttl` beside a cache the load test said OVERSOLD; evicted
+/// idempotency records sold their keys again. `/ready` says so (503 `redis_may_evict`,
+/// naming the policy) for every policy that can evict under a memory limit, and is ready
+/// again once the policy is `noeviction` or there is no limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn ready_says_when_redis_may_evict_keys() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1").start().await;
+    let mut conn = redis.conn().await;
+    let set = |pairs: &[(&str, &str)]| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET");
+        for (k, v) in pairs {
+            cmd.arg(*k).arg(*v);
+        }
+        cmd
+    };
+    assert_eq!(app.get("/ready").await.status, 200);
+    for policy in [
+        "volatile-lru",
+        "allkeys-lru",
+        "volatile-ttl",
+        "allkeys-random",
+        "volatile-lfu",
+    ] {
+        let () = set(&[("maxmemory", "1gb"), ("maxmemory-policy", policy)])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let ready = app.get("/ready").await;
+        assert_eq!(
+            (ready.status, ready.error_code()),
+            (503, "redis_may_evict"),
+            "{policy}: {ready:?}"
+        );
+        assert!(
+            ready.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(policy) && m.contains("noeviction")),
+            "{ready:?}"
+        );
+        let () = set(&[("maxmemory", "0")])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            app.get("/ready").await.status,
+            200,
+            "{policy} without a limit"
+        );
+    }
+    let () = set(&[("maxmemory", "1gb"), ("maxmemory-policy", "noeviction")])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        app.get("/ready").await.status,
+        200,
+        "noeviction with a limit"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn idempotency_keys_expire_after_their_ttl_and_sold_out_is_replayed() {
     let cluster = Cluster::start(1, |b| b.env("IDEMPOTENCY_TTL_S", 1)).await;
