@@ -54,6 +54,8 @@ pub enum ApiError {
     TooFewReplicas { online: u32, wanted: u32 },
     /// Redis may evict keys (its `maxmemory-policy`, with `maxmemory` set): not ready.
     MayEvict(String),
+    /// The server is a replica: every write would be refused.
+    Replica,
 }
 
 impl ApiError {
@@ -310,6 +312,13 @@ impl ApiError {
             ApiError::Redis(e) => redis_parts(e, Effect::Read),
             ApiError::Reset(e) => redis_parts(e, Effect::Reset),
             ApiError::Internal(_) => internal(),
+            ApiError::Replica => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "redis_unavailable",
+                "Redis answers as a read-only replica: every sale and reset would be refused \
+                 (READONLY); REDIS_URL must name the master (or use REDIS_SENTINELS)"
+                    .to_owned(),
+            ),
             ApiError::MayEvict(policy) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "redis_may_evict",

@@ -120,7 +120,7 @@ async fn health(State(app): State<Arc<AppState>>) -> Json<Status> {
             example = json!({"status": "ready", "instance": "app1:7777", "lock_nodes": [
                 {"node": "127.0.0.1:7001", "ok": true}, {"node": "127.0.0.1:7002", "ok": false},
                 {"node": "127.0.0.1:7003", "ok": true}]})),
-        (status = 503, description = "Redis did not answer, or fewer than a majority of the lock nodes did (the message names each that did not, and why), or (`not_replicated`) the master has fewer replicas online than `REPLICA_ACKS`, or (`redis_may_evict`) Redis may evict keys (`maxmemory` with a `maxmemory-policy` other than `noeviction`)", body = ErrorBody,
+        (status = 503, description = "Redis did not answer, or fewer than a majority of the lock nodes did (the message names each that did not, and why), or (`not_replicated`) the master has fewer replicas online than `REPLICA_ACKS`, or Redis answers as a read-only replica, or (`redis_may_evict`) Redis may evict keys (`maxmemory` with a `maxmemory-policy` other than `noeviction`)", body = ErrorBody,
             example = json!({"error": "redis_unavailable", "message": "Redis did not answer; retry shortly"})),
     )
 )]
@@ -138,6 +138,10 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
         )
     );
     stock?;
+    // A replica answers PING, and refuses every write.
+    if app.seller.store().is_replica().await? {
+        return Err(ApiError::Replica);
+    }
     // A Redis that may evict keys breaks every lock's promise as soon as memory runs short.
     if let Some(policy) = app.seller.store().eviction_policy().await? {
         return Err(ApiError::MayEvict(policy));

@@ -63,8 +63,13 @@ fn server_codes(e: &RedisError) -> Vec<String> {
 /// and a transaction whose queued command was refused is discarded whole, so nothing was
 /// written.
 pub fn write_refusal(e: &RedisError) -> Option<&'static str> {
-    const REFUSALS: [(&str, &str); 4] = [
+    const REFUSALS: [(&str, &str); 5] = [
         ("OOM", "Redis is out of memory (maxmemory)"),
+        (
+            "READONLY",
+            "Redis is a read-only replica (READONLY: REDIS_URL names a replica, or a failover \
+             has just made it one)",
+        ),
         ("MISCONF", "Redis cannot save its data (MISCONF)"),
         (
             "NOREPLICAS",
@@ -983,6 +988,23 @@ impl Store {
             })
             .count();
         Ok(Some(u32::try_from(online).unwrap_or(u32::MAX)))
+    }
+
+    /// Whether the server is a replica (`INFO replication`), which refuses every write;
+    /// `false` on a cluster, where the store asks each item's master.
+    pub async fn is_replica(&self) -> RedisResult<bool> {
+        if self.cluster.is_some() {
+            return Ok(false);
+        }
+        let info: String = self
+            .call(|mut c| async move {
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async::<String>(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(info.lines().any(|l| l.trim() == "role:slave"))
     }
 
     /// The eviction policy of a Redis that may evict keys (`maxmemory` set, and a

@@ -244,6 +244,47 @@ async fn an_unreplicated_write_says_it_may_survive_and_a_retry_with_its_key_tell
     }
 }
 
+/// `REDIS_URL` naming a replica: `/ready` said ready (the replica answers `PING`) while every
+/// sale answered 503 "Redis did not answer", though it had: `READONLY`. Not ready now, and
+/// each refusal says what Redis said, and that nothing was sold or reset.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_pointed_at_a_replica_is_not_ready_and_says_writes_are_refused() {
+    let (master, replica) = master_and_replica().await;
+    let on_master = InstanceBuilder::new(&master, "app1").start().await;
+    on_master.reset(10).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stock_on(&replica).await != Some(10) {
+        assert!(Instant::now() < deadline, "the replica never synced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let app = InstanceBuilder::new(&replica, "on-replica").start().await;
+    let ready = app.get("/ready").await;
+    assert_eq!(ready.status, 503, "{ready:?}");
+    assert!(
+        ready.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("replica")),
+        "{ready:?}"
+    );
+    for strategy in ["atomic", "fenced", "lua-release", "optimistic", "setnx-ttl"] {
+        let sale = app.sale(&format!("strategy={strategy}")).await;
+        let message = sale.body["message"].as_str().unwrap_or_default();
+        assert!(
+            sale.status == 503
+                && message.contains("READONLY")
+                && message.contains("nothing was sold"),
+            "{strategy}: {sale:?}"
+        );
+    }
+    let reset = app.put_inventory(r#"{"stock": 5}"#, None).await;
+    let message = reset.body["message"].as_str().unwrap_or_default();
+    assert!(
+        reset.status == 503 && message.contains("READONLY") && message.contains("not reset"),
+        "{reset:?}"
+    );
+    assert_eq!(stock_on(&replica).await, Some(10));
+}
+
 const MASTER_NAME: &str = "inventory";
 
 async fn sentinels_for(master: &RedisServer, timing: SentinelTiming) -> Vec<SentinelProcess> {
