@@ -959,20 +959,28 @@ impl Store {
         self.replication
     }
 
-    /// How many replicas the master reports online (`INFO replication`); `None` on a
-    /// cluster, where each item has a master of its own.
-    pub async fn replicas_online(&self) -> RedisResult<Option<u32>> {
+    /// A section of the server's `INFO`; `None` on a cluster, where each item has a master
+    /// of its own.
+    async fn info(&self, section: &str) -> RedisResult<Option<String>> {
         if self.cluster.is_some() {
             return Ok(None);
         }
-        let info: String = self
-            .call(|mut c| async move {
-                redis::cmd("INFO")
-                    .arg("replication")
-                    .query_async::<String>(&mut c)
-                    .await
-            })
-            .await?;
+        self.call(|mut c| async move {
+            redis::cmd("INFO")
+                .arg(section)
+                .query_async::<String>(&mut c)
+                .await
+        })
+        .await
+        .map(Some)
+    }
+
+    /// How many replicas the master reports online (`INFO replication`); `None` on a
+    /// cluster.
+    pub async fn replicas_online(&self) -> RedisResult<Option<u32>> {
+        let Some(info) = self.info("replication").await? else {
+            return Ok(None);
+        };
         // A replica acknowledges every second; one whose last came longer ago than this is
         // frozen or cut off, however long the master keeps it `online` (`repl-timeout`, 60 s),
         // and acknowledges nothing a sale waits for.
@@ -993,17 +1001,7 @@ impl Store {
     /// Whether the server is a replica (`INFO replication`), which refuses every write;
     /// `false` on a cluster, where the store asks each item's master.
     pub async fn is_replica(&self) -> RedisResult<bool> {
-        if self.cluster.is_some() {
-            return Ok(false);
-        }
-        let info: String = self
-            .call(|mut c| async move {
-                redis::cmd("INFO")
-                    .arg("replication")
-                    .query_async::<String>(&mut c)
-                    .await
-            })
-            .await?;
+        let info = self.info("replication").await?.unwrap_or_default();
         Ok(info.lines().any(|l| l.trim() == "role:slave"))
     }
 
@@ -1014,18 +1012,7 @@ impl Store {
     /// (the `volatile-*` policies pick keys with a lease first, the locks' among them), an
     /// idempotency record lets its key sell again, and the stock vanishes.
     pub async fn eviction_policy(&self) -> RedisResult<Option<String>> {
-        if self.cluster.is_some() {
-            return Ok(None);
-        }
-        let info: String = self
-            .call(|mut c| async move {
-                redis::cmd("INFO")
-                    .arg("memory")
-                    .query_async::<String>(&mut c)
-                    .await
-            })
-            .await?;
-        Ok(evicting_policy(&info))
+        Ok(self.info("memory").await?.as_deref().and_then(evicting_policy))
     }
 
     /// A copy of this store whose every call is followed by `WAIT` on its own connection,
