@@ -975,6 +975,16 @@ impl Store {
         .map(Some)
     }
 
+    /// The server's `run_id` (`INFO server`), which tells one server reached under two
+    /// names apart from two servers; `None` on a cluster.
+    pub async fn run_id(&self) -> RedisResult<Option<String>> {
+        Ok(self.info("server").await?.and_then(|info| {
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix("run_id:"))
+                .map(str::to_owned)
+        }))
+    }
+
     /// How many replicas the master reports online (`INFO replication`); `None` on a
     /// cluster.
     pub async fn replicas_online(&self) -> RedisResult<Option<u32>> {
@@ -1012,7 +1022,11 @@ impl Store {
     /// (the `volatile-*` policies pick keys with a lease first, the locks' among them), an
     /// idempotency record lets its key sell again, and the stock vanishes.
     pub async fn eviction_policy(&self) -> RedisResult<Option<String>> {
-        Ok(self.info("memory").await?.as_deref().and_then(evicting_policy))
+        Ok(self
+            .info("memory")
+            .await?
+            .as_deref()
+            .and_then(evicting_policy))
     }
 
     /// A copy of this store whose every call is followed by `WAIT` on its own connection,

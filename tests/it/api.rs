@@ -609,6 +609,47 @@ async fn redis_urls_the_service_cannot_use_are_refused_at_start_naming_why() {
     }
 }
 
+/// One Redis server under two names in `LOCK_NODES` (a host name and an address, or two of
+/// its databases) would vote twice, and one crash would take a majority: refused at start,
+/// naming both nodes. Three servers, one of them down, start (a node down is not judged).
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_nodes_naming_one_server_twice_are_refused_at_start() {
+    let (a, b) = (RedisServer::start().await, RedisServer::start().await);
+    let (pa, pb) = (a.port(), b.port());
+    for (nodes, twice) in [
+        (
+            format!("redis://127.0.0.1:{pa},redis://localhost:{pa},redis://127.0.0.1:{pb}"),
+            ("node 1", "node 2"),
+        ),
+        (
+            format!("redis://127.0.0.1:{pb},redis://127.0.0.1:{pa}/1,redis://127.0.0.1:{pa}/2"),
+            ("node 2", "node 3"),
+        ),
+    ] {
+        let (started, text) = crate::harness::start_with_only(&[
+            ("REDIS_URL", &format!("redis://127.0.0.1:{pa}")),
+            ("LOCK_NODES", &nodes),
+        ])
+        .await;
+        assert!(!started, "{nodes}: it started\n{text}");
+        assert!(
+            text.contains(twice.0) && text.contains(twice.1) && text.contains("same Redis server"),
+            "{nodes}: {text}"
+        );
+    }
+    let down = crate::harness::free_port();
+    let app = InstanceBuilder::new(&a, "app1")
+        .env(
+            "LOCK_NODES",
+            format!("redis://127.0.0.1:{pa},redis://127.0.0.1:{pb},redis://127.0.0.1:{down}"),
+        )
+        .start()
+        .await;
+    app.reset(5).await;
+    let sale = app.sale("strategy=redlock").await;
+    assert_eq!(sale.status, 200, "{sale:?}");
+}
+
 /// A database the Redis server does not have (`REDIS_URL=.../5000` against the default 16):
 /// every route that needs Redis answers 503 naming the database setting, never 500, and
 /// every one of those answers is in the OpenAPI document.
