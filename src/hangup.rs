@@ -43,6 +43,16 @@ impl Hangup {
         (hangup, HangupGuard(flag))
     }
 
+    /// A client known by its connection alone: for a sale run in the request's own task,
+    /// which is dropped with the request (no guard needed), but whose client may have left
+    /// before its request was even read (an instance that fell behind, or was paused).
+    pub fn of_connection(peer: Option<Peer>) -> Self {
+        Self {
+            dropped: None,
+            peer,
+        }
+    }
+
     pub fn is_gone(&self) -> bool {
         self.dropped
             .as_ref()

@@ -201,8 +201,11 @@ async fn sell(
         // that; a hang-up before it (or while the connection is being re-established)
         // sells nothing, one of the two outcomes nginx's 504 announces. So it runs in the
         // request's own task: a task of its own costs a spawn and, often, a wake-up of the
-        // other worker thread, about a third of the instance's CPU per atomic sale.
-        sell_in_place(&app, item.as_deref(), request, None, Hangup::never()).await?
+        // other worker thread, about a third of the instance's CPU per atomic sale. Its
+        // client may have left before the request was read (the instance fell behind, or
+        // was paused): the socket is asked once, before the script (one `poll`, about 1 us).
+        let hangup = Hangup::of_connection(headers.peer);
+        sell_in_place(&app, item.as_deref(), request, None, hangup).await?
     } else {
         // The sale runs in its own task: it is never abandoned half-way, between taking
         // the lock and releasing it or between claiming an idempotency key and settling it,

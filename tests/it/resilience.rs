@@ -803,6 +803,57 @@ async fn a_client_that_left_with_bytes_unread_is_sold_nothing() {
     assert!(app.log().contains("client_gone"), "the refusals are logged");
 }
 
+/// A client that left before its request was even read (the instance paused, or behind)
+/// buys nothing either, however it left, on every path: the `atomic` sale without a key or
+/// work runs in the request's own task, which was never told (it sold to 10 of 10 departed
+/// clients from outside), and the others in a task of their own.
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_that_left_before_a_paused_instance_read_their_requests_buy_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1").start().await;
+    let address = app
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    for strategy in ["atomic", "fenced", "optimistic"] {
+        let request = format!(
+            "POST /inventory/sale?strategy={strategy} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        );
+        for how in ["close", "pipelined, then close", "half-close"] {
+            app.reset(100).await;
+            app.signal("STOP").await;
+            for _ in 0..5 {
+                let mut client = tokio::net::TcpStream::connect(&address).await.unwrap();
+                let sent = match how {
+                    "pipelined, then close" => format!("{request}{request}"),
+                    _ => request.clone(),
+                };
+                client.write_all(sent.as_bytes()).await.unwrap();
+                if how == "half-close" {
+                    client.shutdown().await.unwrap();
+                    // Kept open on this side: only the client's sending side is shut.
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        drop(client);
+                    });
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            app.signal("CONT").await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let audit = app.audit().await;
+            assert_eq!(
+                (audit["sales"].as_i64(), audit["clean"].as_bool()),
+                (Some(0), Some(true)),
+                "{strategy}, {how}: {audit}\n{}",
+                app.log()
+            );
+        }
+    }
+}
+
 /// Redis does not undo a script's writes when a later command of it fails, and an ACL user
 /// may lack any command. From outside: a user without `XADD` had every sale answer 500 after
 /// taking its unit, and one `Idempotency-Key` sold on each retry. For a user lacking each
@@ -962,6 +1013,32 @@ async fn ready_says_when_redis_may_evict_keys() {
         app.get("/ready").await.status,
         200,
         "noeviction with a limit"
+    );
+
+    // The quorum lock's nodes hold its votes: one that may evict is said too.
+    let nodes = LockNodes::start(3).await;
+    let quorum = InstanceBuilder::new(&redis, "app2")
+        .lock_nodes(&nodes)
+        .start()
+        .await;
+    assert_eq!(quorum.get("/ready").await.status, 200);
+    let mut node = nodes.nodes[1].conn().await;
+    let () = set(&[("maxmemory", "1gb"), ("maxmemory-policy", "allkeys-lru")])
+        .query_async(&mut node)
+        .await
+        .unwrap();
+    let ready = quorum.get("/ready").await;
+    assert_eq!(
+        (ready.status, ready.error_code()),
+        (503, "redis_may_evict"),
+        "{ready:?}"
+    );
+    let port = nodes.nodes[1].port().to_string();
+    assert!(
+        ready.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("lock node") && m.contains(&port)),
+        "{ready:?}"
     );
 }
 
