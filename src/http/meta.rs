@@ -181,6 +181,19 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
             .collect();
         return Err(crate::lock::redlock::quorum_unreached(&failed, nodes.len()).into());
     }
+    // A lock node that may evict loses its vote's key as the stock's Redis would its lock.
+    let policies = futures_util::future::join_all(
+        nodes
+            .iter()
+            .map(|node| tokio::time::timeout(bound, node.eviction_policy())),
+    )
+    .await;
+    for (node, policy) in nodes.iter().zip(policies) {
+        if let Ok(Ok(Some(policy))) = policy {
+            let on = format!("{policy} on lock node {}", node.address());
+            return Err(ApiError::MayEvict(on));
+        }
+    }
     Ok(Json(Status {
         status: "ready".into(),
         instance: app.seller.instance.clone(),
