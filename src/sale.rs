@@ -16,7 +16,7 @@ use crate::items::{Item, Items};
 use crate::lock::{Guard, LockError, atomic_sell, optimistic};
 use crate::metrics::Outcome;
 use crate::store::{Entry, LockKind, Recorded, StockRead, Store};
-use crate::strategy::Strategy;
+use crate::strategy::{RedisLock, Strategy};
 
 /// The hard ceiling of simulated business time; the configured one (`MAX_WORK_MS`) is
 /// usually far lower.
@@ -553,8 +553,14 @@ impl Seller {
     /// A failed release is logged, not returned: the sale's outcome is already decided and
     /// the lease (where there is one) frees the lock.
     async fn release(&self, item: &Item, guard: Guard) {
+        let leaseless = guard.strategy() == Strategy::Redis(RedisLock::Setnx);
         if let Err(e) = item.locks.release(guard).await {
-            tracing::warn!(error = %e, "lock release failed; the lock is freed when its lease ends");
+            if leaseless {
+                // The tutorial's first lock has no lease: nothing frees it but a reset.
+                tracing::error!(error = %e, "lock release failed; a setnx lock has no lease and stays until a reset (PUT /inventory) frees it");
+            } else {
+                tracing::warn!(error = %e, "lock release failed; the lock is freed when its lease ends");
+            }
         }
     }
 }

@@ -358,6 +358,11 @@ enum Hold {
 }
 
 impl Guard {
+    /// The strategy the lock was taken under.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
     pub fn fence(&self) -> Option<u64> {
         self.fence
     }
