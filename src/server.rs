@@ -130,6 +130,7 @@ fn lock_nodes(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Vec<Stor
 /// connections (past it, new ones wait in the kernel's backlog instead of costing memory).
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let (app, items) = build(&config)?;
+    check_one_server_named_twice(items.default_item().locks.nodes()).await?;
     let addr = (config.bind_addr, config.port);
     let listener = TcpListener::bind(addr)
         .await
@@ -340,36 +341,52 @@ fn check_quorum_setup(config: &Config, nodes: &[Store]) -> anyhow::Result<()> {
     for node in nodes {
         tokio::spawn(report_node_at_start(node.clone()));
     }
-    if n > 1 {
-        tokio::spawn(warn_of_one_server_named_twice(nodes.to_vec()));
-    }
+
     Ok(())
 }
 
-/// Two `LOCK_NODES` that are one Redis server under two names (`localhost` and `127.0.0.1`,
-/// two of its databases) give that server two votes: a majority one crash takes away whole.
-/// The list refuses a URL given twice; this asks each node that answers for its `run_id`,
-/// at start, and says so loudly when two are alike. Said, not refused, as for an even
-/// number of nodes: databases of one server are how the quorum's logic is tried on one
-/// machine (the tests do). A node down at start cannot be told apart, and is not.
-async fn warn_of_one_server_named_twice(nodes: Vec<Store>) {
+/// Two `LOCK_NODES` that are one Redis server under two names give that server two votes.
+/// The list refuses a URL given twice by its text; this asks each node that answers within
+/// `REDIS_TIMEOUT_MS` for its `run_id`, at start. The same database under two spellings
+/// (`localhost` and `127.0.0.1`) cannot work at all: a sale's grant there makes its second
+/// vote busy, and every quorum sale waited its whole budget out; refused. Two databases of
+/// one server work, but one crash of it takes both votes (from outside: a server restarted
+/// empty under a holder, and a second sale won the majority beside it); said loudly, not
+/// refused, as for an even number of nodes, since databases of one server are how the
+/// quorum's logic is tried on one machine (the tests do). A node down at start cannot be
+/// told apart, and is not.
+async fn check_one_server_named_twice(nodes: &[Store]) -> anyhow::Result<()> {
     let ids = futures_util::future::join_all(nodes.iter().map(Store::run_id)).await;
     let mut seen: Vec<(usize, String)> = Vec::new();
     for (i, id) in ids.into_iter().enumerate() {
         let Ok(Some(id)) = id else { continue };
         if let Some((first, _)) = seen.iter().find(|(_, seen)| *seen == id) {
-            tracing::error!(
-                "LOCK_NODES: node {} ({}) and node {} ({}) are the same Redis server (one \
-                 run_id): it casts two votes, and one crash of it takes both; a quorum lock \
-                 needs independent servers",
+            let (one, other) = (&nodes[*first], &nodes[i]);
+            let named = format!(
+                "LOCK_NODES: node {} ({}/{}) and node {} ({}/{}) are the same Redis server (one \
+                 run_id)",
                 first + 1,
-                nodes[*first].address(),
+                one.address(),
+                one.database(),
                 i + 1,
-                nodes[i].address()
+                other.address(),
+                other.database()
+            );
+            if one.database() == other.database() {
+                anyhow::bail!(
+                    "{named} and the same database: the node would vote twice on one key, and \
+                     every quorum sale would find its own grant busy; give each node a server \
+                     of its own"
+                );
+            }
+            tracing::error!(
+                "{named}: it casts two votes, and one crash of it takes both; a quorum lock \
+                 needs independent servers"
             );
         }
         seen.push((i, id));
     }
+    Ok(())
 }
 
 async fn report_node_at_start(node: Store) {

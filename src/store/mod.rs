@@ -1075,6 +1075,20 @@ impl Store {
         }
     }
 
+    /// The database number the store's connections select (`/db` of the URL); 0 on a
+    /// cluster.
+    pub fn database(&self) -> i64 {
+        if self.cluster.is_some() {
+            return 0;
+        }
+        self.server
+            .backend()
+            .client
+            .get_connection_info()
+            .redis_settings()
+            .db()
+    }
+
     /// `host:port` of the server (never the password), for logs and metrics labels; on a
     /// cluster, of its first seed.
     pub fn address(&self) -> String {
