@@ -392,7 +392,15 @@ async fn check_one_server_named_twice(nodes: &[Store]) -> anyhow::Result<()> {
 async fn report_node_at_start(node: Store) {
     let name = node.address();
     match node.ping().await {
-        Ok(()) => tracing::info!(node = %name, "lock node reachable"),
+        Ok(()) => {
+            tracing::info!(node = %name, "lock node reachable");
+            if let Ok(true) = node.is_replica().await {
+                tracing::error!(node = %name, "lock node {name} is a read-only replica: it refuses every vote (READONLY)");
+            }
+            if let Ok(Some(policy)) = node.eviction_policy().await {
+                tracing::error!(node = %name, policy, "lock node {name} may evict keys (maxmemory-policy {policy}): an evicted vote lets a second holder win; /ready answers 503 redis_may_evict");
+            }
+        }
         Err(e) if crate::store::is_auth_error(&e) => tracing::error!(
             node = %name,
             "lock node {name} refused the credentials in LOCK_NODES: it will never vote"

@@ -160,6 +160,9 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
         .map(|answer| match answer {
             Ok(Ok(())) => None,
             Ok(Err(e)) if e.is_connection_refusal() => Some("refused the connection".to_owned()),
+            Ok(Err(e)) if e.code() == Some("READONLY") => {
+                Some("is a read-only replica (READONLY), which refuses every vote".to_owned())
+            }
             Ok(Err(e)) => Some(format!("failed: {}", e.category())),
             Err(_) => Some(format!("no answer within {} ms", bound.as_millis())),
         })
@@ -207,5 +210,13 @@ async fn ping_twice(node: &crate::store::Store) -> redis::RedisResult<()> {
     match node.ping().await {
         Err(_) => node.ping().await,
         ok => ok,
+    }?;
+    // A replica answers PING, and refuses every vote (READONLY).
+    if node.is_replica().await? {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "a read-only replica",
+        )));
     }
+    Ok(())
 }

@@ -235,11 +235,17 @@ pub(super) fn is_majority_unanswered(e: &RedisError) -> bool {
 /// connection): nobody can win until enough are back. Still a refusal to the code that
 /// handles it (nothing was sent to a node that is down), but worded so that the answer names
 /// the lock nodes, not the stock's Redis, which may be fine.
-pub(super) fn quorum_lost(down: usize, n: usize) -> RedisError {
+pub(super) fn quorum_lost(down: usize, n: usize, first: Option<&RedisError>) -> RedisError {
+    // A node that answered with a refusal (a replica's READONLY, a wrong password) is down
+    // for the lock too, and its own words say why better than "refused the connection".
+    let said = first
+        .filter(|e| e.code().is_some() || crate::store::is_auth_error(e))
+        .map(|e| format!(" (one answered: {e})"))
+        .unwrap_or_default();
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::ConnectionRefused,
         format!(
-            "{down} of the {n} {QUORUM_LOST}, and a quorum lock needs {} of them",
+            "{down} of the {n} {QUORUM_LOST}{said}, and a quorum lock needs {} of them",
             quorum(n)
         ),
     ))
@@ -395,10 +401,10 @@ async fn quorum_acquire(cx: &LockCx, owner: &str) -> RedisResult<Attempt> {
     join_all(give_back.map(|node| unlock_on(node, owner, node_timeout(cx.ttl)))).await;
     if n - down < quorum(n) {
         // Too few nodes are up for any acquirer to win: fail fast (503), don't wait.
-        if let Some(e) = first_error {
+        if let Some(e) = &first_error {
             tracing::debug!(error = %e, down, nodes = n, "lock nodes down");
         }
-        return Err(quorum_lost(down, n));
+        return Err(quorum_lost(down, n, first_error.as_ref()));
     }
     if granted + busy + late < quorum(n) {
         // Up, but too few answered in time for anyone to win this round: slow nodes, or

@@ -399,3 +399,34 @@ async fn a_nested_quorum_attempt_never_frees_the_hold_of_its_own_sale() {
         );
     }
 }
+
+/// Lock nodes that are read-only replicas answer `PING` and refuse every vote (`READONLY`):
+/// `/ready` said ready, listing them `ok`, while every quorum sale answered "refused or
+/// dropped the connection" (from outside). `/ready` now names them as replicas, and a sale's
+/// 503 carries what a node answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_nodes_that_are_replicas_are_not_ready_and_the_refusal_says_readonly() {
+    let (_redis, nodes, app) = with_three_nodes(|b| b).await;
+    app.reset(5).await;
+    for replica in &nodes[1..] {
+        let () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(nodes[0].port())
+            .query_async(&mut replica.conn().await)
+            .await
+            .unwrap();
+    }
+    let ready = app.get("/ready").await;
+    assert_eq!(ready.status, 503, "{ready:?}");
+    let message = ready.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("read-only replica") && message.contains(&nodes[1].port().to_string()),
+        "{message}"
+    );
+    for strategy in QUORUM_STRATEGIES {
+        refused_soon(&app, strategy, Duration::from_secs(3)).await;
+        let sale = app.sale(&format!("strategy={strategy}")).await;
+        let message = sale.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains("read only replica"), "{strategy}: {message}");
+    }
+}
