@@ -30,7 +30,12 @@ pub(crate) const HANDED_LEASE: Duration = Duration::from_millis(1000);
 /// is heard of, beside the sale's first steps; the sale writes only once it said yes
 /// ([`HandedLease::confirmed`]), so that a waiter that heard of its hand-off too late (its
 /// process paused past the short lease, while someone else took the lock) never writes.
-pub(crate) struct HandedLease(watch::Receiver<Option<bool>>);
+pub(crate) struct HandedLease {
+    answer: watch::Receiver<Option<bool>>,
+    /// Why the extension got no answer, when Redis did not give one (a pool exhausted, a
+    /// timeout): the sale then says that, not that its lock was lost.
+    failed: Arc<std::sync::OnceLock<redis::RedisError>>,
+}
 
 impl HandedLease {
     /// Extends `owner`'s handed lock to the full lease, in a task of its own. A yes extends
@@ -50,6 +55,8 @@ impl HandedLease {
             return None;
         }
         let (tx, rx) = watch::channel(None);
+        let failed = Arc::new(std::sync::OnceLock::new());
+        let why = failed.clone();
         let (store, owner) = (cx.store.clone(), owner.clone());
         let ttl_ms = super::reentrant::millis(cx.ttl);
         tokio::spawn(async move {
@@ -69,21 +76,32 @@ impl HandedLease {
             }
             if !held {
                 store.metrics().lock_lost();
-                tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, reason = "a handed-over lock could not be extended", error = extended.err().map(|e| e.to_string()), "lock lost");
+                tracing::warn!(event = crate::events::Event::LockLost.name(), %owner, reason = "a handed-over lock could not be extended", error = extended.as_ref().err().map(|e| e.to_string()), "lock lost");
+                if let Err(e) = extended {
+                    let _ = why.set(e);
+                }
             }
             let _ = tx.send(Some(held));
         });
-        Some(Arc::new(Self(rx)))
+        Some(Arc::new(Self {
+            answer: rx,
+            failed,
+        }))
     }
 
     /// True once the extension failed: the short lease may have run out.
     pub(crate) fn is_lost(&self) -> bool {
-        *self.0.borrow() == Some(false)
+        *self.answer.borrow() == Some(false)
+    }
+
+    /// The error the extension met, when it failed without Redis saying no.
+    pub(crate) fn failure(&self) -> Option<redis::RedisError> {
+        self.failed.get().cloned()
     }
 
     /// Whether the lease was extended; waits for the answer (one bounded call).
     pub(crate) async fn confirmed(&self) -> bool {
-        let mut answer = self.0.clone();
+        let mut answer = self.answer.clone();
         matches!(
             answer.wait_for(Option::is_some).await.as_deref(),
             Ok(Some(true))

@@ -404,6 +404,12 @@ impl Guard {
         }
     }
 
+    /// Why a handed-over lease could not be confirmed, when Redis gave no answer (an
+    /// exhausted pool, a timeout) rather than a no: nothing was sold, and the sale says why.
+    pub fn lease_failure(&self) -> Option<redis::RedisError> {
+        self.handed().and_then(|handed| handed.failure())
+    }
+
     /// The stock read a sale before this one in the tenure sent behind its own write, for
     /// this sale (see [`Locks::next_read`]): its read is done.
     pub fn take_prefetched(&mut self) -> Option<StockRead> {
