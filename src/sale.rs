@@ -485,7 +485,9 @@ impl Seller {
         if !guard.lease_confirmed().await || guard.is_lost() {
             // The extension of a handed-over lease met an exhausted pool or a timeout: that
             // is what the client should hear (503, retry), not that another took its lock.
-            return Err(guard.lease_failure().map_or(SaleError::LockLost, SaleError::Redis));
+            return Err(guard
+                .lease_failure()
+                .map_or(SaleError::LockLost, SaleError::Redis));
         }
         if attempt.hangup.is_gone() {
             return Err(SaleError::ClientGone);

@@ -83,10 +83,7 @@ impl HandedLease {
             }
             let _ = tx.send(Some(held));
         });
-        Some(Arc::new(Self {
-            answer: rx,
-            failed,
-        }))
+        Some(Arc::new(Self { answer: rx, failed }))
     }
 
     /// True once the extension failed: the short lease may have run out.

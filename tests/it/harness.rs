@@ -66,3 +66,11 @@ pub async fn start_with_only(env: &[(&str, &str)]) -> (bool, String) {
     );
     (out.status.success(), text)
 }
+
+/// `host:port` of an instance, for a raw TCP client that writes its own requests.
+pub fn host_port(app: &testkit::fixture::Instance) -> String {
+    app.url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned()
+}

@@ -427,6 +427,9 @@ async fn lock_nodes_that_are_replicas_are_not_ready_and_the_refusal_says_readonl
         refused_soon(&app, strategy, Duration::from_secs(3)).await;
         let sale = app.sale(&format!("strategy={strategy}")).await;
         let message = sale.body["message"].as_str().unwrap_or_default();
-        assert!(message.contains("read only replica"), "{strategy}: {message}");
+        assert!(
+            message.contains("read only replica"),
+            "{strategy}: {message}"
+        );
     }
 }

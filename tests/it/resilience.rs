@@ -728,11 +728,7 @@ async fn a_client_that_left_with_bytes_unread_is_sold_nothing() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let redis = RedisServer::start().await;
     let app = InstanceBuilder::new(&redis, "app1").start().await;
-    let address = app
-        .url("")
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
+    let address = crate::harness::host_port(&app);
     let request = |strategy: &str| {
         format!(
             "POST /inventory/sale?strategy={strategy}&work_ms=300 HTTP/1.1\r\nHost: x\r\n\
@@ -812,11 +808,7 @@ async fn clients_that_left_before_a_paused_instance_read_their_requests_buy_noth
     use tokio::io::AsyncWriteExt;
     let redis = RedisServer::start().await;
     let app = InstanceBuilder::new(&redis, "app1").start().await;
-    let address = app
-        .url("")
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
+    let address = crate::harness::host_port(&app);
     for strategy in ["atomic", "fenced", "optimistic"] {
         let request = format!(
             "POST /inventory/sale?strategy={strategy} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
