@@ -122,22 +122,20 @@ impl Sentinels {
             .map(|info| info.set_redis_settings(Self::auth(&self.sentinel_password)))
     }
 
-    /// Whether a sentinel that answers knows the master's name, whatever state it holds
-    /// the master in (`SENTINEL GET-MASTER-ADDR-BY-NAME` names a master that is down; the
-    /// crate's lookup skips it). Each sentinel is given `timeout` to connect and answer.
-    fn name_is_known(&self, timeout: Duration) -> bool {
-        self.addrs.iter().any(|(host, port)| {
-            let asked = || -> RedisResult<Option<(String, u16)>> {
-                let client = Client::open(self.sentinel_info(host, *port)?)?;
-                let mut c = client.get_connection_with_timeout(timeout)?;
-                c.set_read_timeout(Some(timeout))?;
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(&self.master_name)
-                    .query(&mut c)
-            };
-            matches!(asked(), Ok(Some(_)))
-        })
+    /// Whether the sentinel at `host:port` knows the master's name, whatever state it holds
+    /// the master in (`SENTINEL GET-MASTER-ADDR-BY-NAME` names a master that is down, where
+    /// the crate's lookup skips it); `None` when it does not answer within `timeout`.
+    fn knows_name(&self, host: &str, port: u16, timeout: Duration) -> Option<bool> {
+        let asked = || -> RedisResult<Option<(String, u16)>> {
+            let client = Client::open(self.sentinel_info(host, port)?)?;
+            let mut c = client.get_connection_with_timeout(timeout)?;
+            c.set_read_timeout(Some(timeout))?;
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(&self.master_name)
+                .query(&mut c)
+        };
+        asked().ok().map(|address| address.is_some())
     }
 
     /// A client of the server a sentinel named master.
@@ -263,44 +261,91 @@ impl Server {
         // within the lookup bound; one that overruns is left to finish or hang alone.
         let mut first = sentinels.client()?;
         let (tx, rx) = std::sync::mpsc::channel();
-        let asked = sentinels.clone();
         std::thread::spawn(move || {
-            let found = first.get_client();
-            // The crate says "not found" also for a name the sentinels know whose master
-            // they hold down (`s_down`, `o_down`): a failover yet to come, not a wrong name.
-            let known_but_down = matches!(&found, Err(e)
-                if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel
-                    && asked.name_is_known(timeout));
-            let _ = tx.send((found, known_but_down));
+            let _ = tx.send(first.get_client());
         });
+        // Beside the lookup, each sentinel is asked whether it knows the name at all. The
+        // crate's error does not tell: it says "not found" also for a name whose master the
+        // sentinels hold down (a failover yet to come), and reports the last sentinel it
+        // asked, so one down at the end of the list hid the others' "no such master" and an
+        // instance with a wrong name ran unready for good.
+        let (known_tx, known_rx) = std::sync::mpsc::channel();
+        for (host, port) in sentinels.addrs.clone() {
+            let (asked, known_tx) = (sentinels.clone(), known_tx.clone());
+            std::thread::spawn(move || {
+                let _ = known_tx.send(asked.knows_name(&host, port, timeout));
+            });
+        }
+        drop(known_tx);
+        let started = std::time::Instant::now();
+        let bound = timeout * 4;
         let start_without_one = || Backend::build(Client::open(UNREACHABLE)?, timeout, pool);
-        let backend = match rx.recv_timeout(timeout * 4) {
-            Ok((Ok(master), _)) => {
+        // The lookup's error, or `None` when it did not end in time.
+        let failed = match rx.recv_timeout(bound) {
+            Ok(Ok(master)) => {
                 let backend = Backend::build(master, timeout, pool)?;
                 tracing::info!(master = %backend.address(), "Sentinel names the master");
-                backend
+                return Ok(Self::following(backend, sentinels, client, timeout, pool));
             }
-            Ok((Err(e), _)) if unreachable(&e) => {
-                tracing::warn!(error = %e, "no sentinel or no master reachable yet; starting without one and asking again");
-                start_without_one()?
+            // A refused password and the like: the configuration is wrong.
+            Ok(Err(e))
+                if !unreachable(&e)
+                    && e.kind() != redis::ErrorKind::MasterNameNotFoundBySentinel =>
+            {
+                return Err(e);
             }
-            Ok((Err(_), true)) => {
-                tracing::warn!(
-                    master_name = %sentinels.master_name,
-                    "the sentinels know the master but hold it down; starting without one and asking again"
-                );
-                start_without_one()?
-            }
-            Ok((Err(e), false)) => return Err(e),
-            Err(_) => {
-                tracing::warn!(
-                    within_ms = (timeout * 4).as_millis() as u64,
-                    "no sentinel named the master in time; starting without one and asking again"
-                );
-                start_without_one()?
-            }
+            Ok(Err(e)) => Some(e),
+            Err(_) => None,
         };
-        Ok(Self {
+        // Some(true): a sentinel knows the name; Some(false): every sentinel that answered
+        // does not; None: none answered.
+        let mut known = None;
+        while let Some(left) = bound.checked_sub(started.elapsed()) {
+            match known_rx.recv_timeout(left) {
+                Ok(Some(true)) => {
+                    known = Some(true);
+                    break;
+                }
+                Ok(Some(false)) => known = Some(false),
+                Ok(None) => {}
+                Err(_) => break,
+            }
+        }
+        if known == Some(false) {
+            return Err(RedisError::from((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "no sentinel that answered knows the master name",
+                sentinels.master_name.clone(),
+            )));
+        }
+        match failed {
+            Some(e) if unreachable(&e) => {
+                tracing::warn!(error = %e, "no sentinel or no master reachable yet; starting without one and asking again")
+            }
+            Some(_) if known == Some(true) => tracing::warn!(
+                master_name = %sentinels.master_name,
+                "the sentinels know the master but hold it down; starting without one and asking again"
+            ),
+            Some(e) => {
+                tracing::warn!(error = %e, "no sentinel said whether it knows the master; starting without one and asking again")
+            }
+            None => tracing::warn!(
+                within_ms = bound.as_millis() as u64,
+                "no sentinel named the master in time; starting without one and asking again"
+            ),
+        }
+        let backend = start_without_one()?;
+        Ok(Self::following(backend, sentinels, client, timeout, pool))
+    }
+
+    fn following(
+        backend: Backend,
+        sentinels: Sentinels,
+        client: SentinelClient,
+        timeout: Duration,
+        pool: PoolSettings,
+    ) -> Self {
+        Self {
             current: RwLock::new(Arc::new(backend)),
             lookup: Some(Lookup {
                 sentinels,
@@ -313,7 +358,7 @@ impl Server {
             timeout,
             pool: Mutex::new(pool),
             moved: tokio::sync::watch::Sender::new(0),
-        })
+        }
     }
 
     /// Changes each time another master is followed (never for a fixed server).

@@ -636,16 +636,25 @@ async fn an_instance_starts_while_the_sentinels_hold_its_master_down_and_sells_o
         assert!(Instant::now() < deadline, "never o_down: {flags}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (started, text) = crate::harness::start_with_only(&[
-        ("REDIS_SENTINELS", &sentinel_list(&sentinels)),
-        ("REDIS_MASTER_NAME", "no-such-master"),
-        ("REDIS_TIMEOUT_MS", "300"),
-    ])
-    .await;
-    assert!(
-        !started && text.contains("REDIS_SENTINELS"),
-        "an unknown name: {text}"
-    );
+    // A name no sentinel knows stops the start, also with a sentinel down last in the list,
+    // whose refused connection was the error the crate reported (the instance then ran
+    // unready for good, from outside).
+    let dead = crate::harness::free_port();
+    for list in [
+        sentinel_list(&sentinels),
+        format!("{},127.0.0.1:{dead}", sentinel_list(&sentinels)),
+    ] {
+        let (started, text) = crate::harness::start_with_only(&[
+            ("REDIS_SENTINELS", &list),
+            ("REDIS_MASTER_NAME", "no-such-master"),
+            ("REDIS_TIMEOUT_MS", "300"),
+        ])
+        .await;
+        assert!(
+            !started && text.contains("REDIS_SENTINELS"),
+            "an unknown name, sentinels {list}: {text}"
+        );
+    }
     let app = InstanceBuilder::new(&master, "app1")
         .env("REDIS_SENTINELS", sentinel_list(&sentinels))
         .env("REDIS_MASTER_NAME", MASTER_NAME)
