@@ -394,6 +394,11 @@ async fn report_node_at_start(node: Store) {
     match node.ping().await {
         Ok(()) => {
             tracing::info!(node = %name, "lock node reachable");
+            if let Err(e) = node.is_replica().await
+                && crate::store::is_auth_error(&e)
+            {
+                tracing::warn!(node = %name, "lock node {name}: the user may not run INFO, so whether it is a replica or may evict keys cannot be checked");
+            }
             if let Ok(true) = node.is_replica().await {
                 tracing::error!(node = %name, "lock node {name} is a read-only replica: it refuses every vote (READONLY)");
             }
@@ -416,6 +421,18 @@ async fn report_redis_at_start(store: Store) {
     match store.ping().await {
         Ok(()) => {
             tracing::info!("redis reachable");
+            match store.is_replica().await {
+                Ok(true) => tracing::error!(
+                    "REDIS_URL names a replica: its writes are refused (READONLY), or, on a \
+                     writable replica, lost at its next sync; /ready answers 503 until it is the \
+                     master"
+                ),
+                Err(e) if crate::store::is_auth_error(&e) => tracing::warn!(
+                    "the Redis user may not run INFO: whether Redis is a replica, or may evict \
+                     keys, cannot be checked"
+                ),
+                _ => {}
+            }
             if let Ok(Some(policy)) = store.eviction_policy().await {
                 tracing::error!(
                     policy,

@@ -315,8 +315,9 @@ impl ApiError {
             ApiError::Replica => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "redis_unavailable",
-                "Redis answers as a read-only replica: every sale and reset would be refused \
-                 (READONLY); REDIS_URL must name the master (or use REDIS_SENTINELS)"
+                "Redis answers as a replica: its writes are refused (READONLY), or, on a \
+                 writable replica, lost at its next sync with the master; REDIS_URL must name \
+                 the master (or use REDIS_SENTINELS)"
                     .to_owned(),
             ),
             ApiError::MayEvict(policy) => (

@@ -139,11 +139,11 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
     );
     stock?;
     // A replica answers PING, and refuses every write.
-    if app.seller.store().is_replica().await? {
+    if unless_refused(app.seller.store().is_replica().await)? {
         return Err(ApiError::Replica);
     }
     // A Redis that may evict keys breaks every lock's promise as soon as memory runs short.
-    if let Some(policy) = app.seller.store().eviction_policy().await? {
+    if let Some(policy) = unless_refused(app.seller.store().eviction_policy().await)? {
         return Err(ApiError::MayEvict(policy));
     }
     // With REPLICA_ACKS, a master without enough replicas refuses every locked sale: not
@@ -206,13 +206,23 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
 
 /// A node's first command after it restarted fails and makes its connection reconnect: one
 /// more try tells a node that is back from one that is down.
+/// The checks that read `INFO` (role, eviction policy) say nothing when the user may not run
+/// it: an ACL that allows every command a sale needs but `INFO` made an otherwise healthy
+/// node "not ok", and the stock's Redis not ready, though every sale sold.
+fn unless_refused<T: Default>(checked: redis::RedisResult<T>) -> redis::RedisResult<T> {
+    match checked {
+        Err(e) if crate::store::is_auth_error(&e) => Ok(T::default()),
+        checked => checked,
+    }
+}
+
 async fn ping_twice(node: &crate::store::Store) -> redis::RedisResult<()> {
     match node.ping().await {
         Err(_) => node.ping().await,
         ok => ok,
     }?;
     // A replica answers PING, and refuses every vote (READONLY).
-    if node.is_replica().await? {
+    if unless_refused(node.is_replica().await)? {
         return Err(redis::RedisError::from((
             redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
             "a read-only replica",

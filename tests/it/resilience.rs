@@ -846,6 +846,44 @@ async fn clients_that_left_before_a_paused_instance_read_their_requests_buy_noth
     }
 }
 
+/// `/ready` reads `INFO` for the role and the eviction policy; a user that may run every
+/// command a sale needs but `INFO` is still ready (the stock's Redis answered 503
+/// `redis_auth_failed` while every sale sold, and such a lock node was listed "not ok"), and
+/// the start says what cannot be checked.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_user_without_info_is_ready_and_sells() {
+    let redis = RedisServer::start().await;
+    let nodes = LockNodes::start(3).await;
+    let no_info = [
+        "ACL", "SETUSER", "no-info", "on", ">pw", "~*", "&*", "+@all", "-info",
+    ];
+    let mut urls = Vec::new();
+    for server in std::iter::once(&redis).chain(&nodes.nodes) {
+        let mut acl = redis::cmd(no_info[0]);
+        acl.arg(&no_info[1..]);
+        let () = acl.query_async(&mut server.conn().await).await.unwrap();
+        urls.push(format!("redis://no-info:pw@127.0.0.1:{}", server.port()));
+    }
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_URL", &urls[0])
+        .env("LOCK_NODES", urls[1..].join(","))
+        .start()
+        .await;
+    let ready = app.get("/ready").await;
+    assert_eq!(ready.status, 200, "{ready:?}");
+    let states: Vec<bool> = ready.body["lock_nodes"]
+        .as_array()
+        .map(|n| n.iter().map(|n| n["ok"] == true).collect())
+        .unwrap_or_default();
+    assert_eq!(states, [true, true, true], "{ready:?}");
+    app.reset(5).await;
+    for strategy in ["fenced", "redlock-fenced"] {
+        let sale = app.sale(&format!("strategy={strategy}")).await;
+        assert_eq!(sale.status, 200, "{strategy}: {sale:?}");
+    }
+    assert!(app.log().contains("may not run INFO"), "{}", app.log());
+}
+
 /// Redis does not undo a script's writes when a later command of it fails, and an ACL user
 /// may lack any command. From outside: a user without `XADD` had every sale answer 500 after
 /// taking its unit, and one `Idempotency-Key` sold on each retry. For a user lacking each
