@@ -146,7 +146,40 @@ async fn sale_allows_no_head(
 pub fn openapi(max_work_ms: u64) -> utoipa::openapi::OpenApi {
     let mut api = api_router().into_openapi();
     set_max_work(&mut api, max_work_ms);
+    document_body_limit(&mut api);
     api
+}
+
+/// Every route answers 413 to a body over the limit (the limit is the whole router's): the
+/// document says so for each, where only those that take a body said it (a GET sent with a
+/// body got an answer the document did not list).
+fn document_body_limit(api: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+    let too_large = ResponseBuilder::new()
+        .description("Body larger than 16 KiB: nothing done")
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build();
+    let operations = api.paths.paths.values_mut().flat_map(|item| {
+        [
+            item.get.as_mut(),
+            item.put.as_mut(),
+            item.post.as_mut(),
+            item.delete.as_mut(),
+            item.patch.as_mut(),
+        ]
+    });
+    for operation in operations.flatten() {
+        operation
+            .responses
+            .responses
+            .entry("413".to_owned())
+            .or_insert_with(|| RefOr::T(too_large.clone()));
+    }
 }
 
 /// The document states the configured ceiling of `work_ms`, not the hard one, so that a
@@ -179,6 +212,7 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
         .map_err(|_| anyhow::anyhow!("instance name {instance:?} cannot be sent in a header"))?;
     let (router, mut api) = api_router().split_for_parts();
     set_max_work(&mut api, state.max_work.as_millis() as u64);
+    document_body_limit(&mut api);
     let body_timeout = RequestBodyTimeoutLayer::new(state.body_timeout);
     Ok(router
         // The item path with an empty id, which no `{item}` route matches: a malformed

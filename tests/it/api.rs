@@ -184,6 +184,12 @@ async fn bad_input_gets_400_naming_the_valid_values_and_changes_nothing() {
             message.contains("0..=1000000000"),
             "{body}: the message does not name the valid stock: {message}"
         );
+        // Nothing after the range that could be read as part of it (serde's " at line 1
+        // column 14" was).
+        assert!(
+            message.ends_with("0..=1000000000"),
+            "{body}: the message ends with the valid range: {message}"
+        );
     }
     // Raw bytes that are not UTF-8, in a field nothing reads: not JSON, so not a reset.
     let http = reqwest::Client::new();
@@ -662,6 +668,44 @@ async fn lock_nodes_naming_one_server_twice_are_refused_or_said_at_start() {
             assert!(!log.contains("same Redis server"), "{nodes}: {log}");
         }
     }
+}
+
+/// Every route refuses a body over 16 KiB with 413, before it does anything, and the OpenAPI
+/// document lists that answer for every operation (only those that take a body listed it).
+#[tokio::test(flavor = "multi_thread")]
+async fn every_documented_operation_answers_and_documents_413_for_a_body_over_the_limit() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1").start().await;
+    app.reset(5).await;
+    let document = app.get("/api-docs/openapi.json").await.body;
+    let paths = document["paths"].as_object().expect("paths");
+    let http = reqwest::Client::new();
+    let mut checked = 0;
+    for (path, item) in paths {
+        for (method, operation) in item.as_object().expect("operations") {
+            let url = app.url(&path.replace("{item}", "001"));
+            let sent = http
+                .request(method.to_uppercase().parse().unwrap(), url)
+                .header("content-type", "application/json")
+                .body(vec![b' '; 20_000])
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(sent.status(), 413, "{method} {path}");
+            assert!(
+                operation["responses"].get("413").is_some(),
+                "{method} {path} does not document its 413"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 12, "{checked} operations");
+    assert_eq!(app.audit().await["sales"], 0, "nothing sold");
+    assert_eq!(
+        app.get("/inventory").await.body["stock"],
+        5,
+        "nothing reset"
+    );
 }
 
 /// A database the Redis server does not have (`REDIS_URL=.../5000` against the default 16):
