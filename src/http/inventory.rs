@@ -290,8 +290,9 @@ enum SaleResponses {
         "message": "request body over 16 KiB; valid: at most 16384 bytes"}))]
     PayloadTooLarge(ErrorBody),
     /// Nothing sold: `sold_out`; the lock was lost before the write (`lock_lost`,
-    /// `stale_fence`); a writer that takes no lock (an `atomic` sale, a reset) changed the
-    /// stock during the sale (`stock_changed`); or an attempt with the same
+    /// `stale_fence`); a writer that takes no lock (an `atomic` or `optimistic` sale, a
+    /// reset), or a sale under the other kind of lock (single-node against quorum), changed
+    /// the stock during the sale (`stock_changed`); or an attempt with the same
     /// `Idempotency-Key` is still running or its outcome is not known yet (`in_progress`)
     #[response(status = 409, headers(
         ("Idempotent-Replayed" = String, description = "`true` on a `sold_out` that an earlier attempt with the same `Idempotency-Key` answered, replayed; absent otherwise")
@@ -550,6 +551,15 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for ResetBody {
             Ok(ApiJson(reset)) => Ok(ResetBody(reset)),
             Err(ApiError::BadRequest(m)) if !m.contains(RESET_SHAPE) => {
                 Err(ApiError::BadRequest(format!("{m}; {RESET_SHAPE}")))
+            }
+            // serde_json appends where it stopped (" at line 1 column 14") to the visitor's
+            // own words, which then read as part of the valid range: the message ends with
+            // the shape, as every other refusal of the reset does.
+            Err(ApiError::BadRequest(m)) => {
+                let end = m
+                    .find(RESET_SHAPE)
+                    .map_or(m.len(), |at| at + RESET_SHAPE.len());
+                Err(ApiError::BadRequest(m[..end].to_owned()))
             }
             Err(e) => Err(e),
         }
