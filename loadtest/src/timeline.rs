@@ -199,6 +199,19 @@ fn describe(e: &Entry) -> String {
         Event::LockReleased => match e.text("released").as_str() {
             "Freed" => format!("{tag}released the lock"),
             "StillHeld" => format!("{tag}left one level of the lock"),
+            // Only a release that checks the owner can find the lock another's; a plain
+            // `DEL` that deleted nothing found it gone.
+            "NotHeld"
+                if matches!(
+                    e.text("strategy").parse::<inventory::strategy::Strategy>(),
+                    Ok(inventory::strategy::Strategy::Redis(
+                        inventory::strategy::RedisLock::Setnx
+                            | inventory::strategy::RedisLock::SetnxTtl
+                    ))
+                ) =>
+            {
+                format!("{tag}released: the lock was already gone, nothing deleted")
+            }
             "NotHeld" => format!("{tag}released: the lock was no longer its own, nothing deleted"),
             other => format!("{tag}released ({other})"),
         },
@@ -222,5 +235,38 @@ fn describe(e: &Entry) -> String {
                 "not held, given back"
             }
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a release that checks its owner can find the lock another's: `setnx-ttl`'s plain
+    /// `DEL` that deleted nothing found it gone, and its timeline said "no longer its own",
+    /// the words of the owner check it does not have.
+    #[test]
+    fn a_release_that_deleted_nothing_is_told_by_whether_it_checks_the_owner() {
+        let said = |strategy: &str| {
+            let timeline = Timeline::new();
+            let line = format!(
+                r#"{{"{}":"{}","strategy":"{strategy}","owner":"a:b:12345678","released":"NotHeld"}}"#,
+                events::FIELD,
+                Event::LockReleased.name()
+            );
+            timeline.record_log("app1", &line);
+            timeline.render()
+        };
+        assert!(
+            said("setnx-ttl").contains("already gone"),
+            "{}",
+            said("setnx-ttl")
+        );
+        assert!(
+            said("owner-check").contains("no longer its own"),
+            "{}",
+            said("owner-check")
+        );
+        assert!(said("fenced").contains("no longer its own"));
     }
 }
