@@ -54,6 +54,9 @@ pub async fn start_with_only(env: &[(&str, &str)]) -> (bool, String) {
             .env("PORT", free_port().to_string())
             .env("BIND_ADDR", "127.0.0.1")
             .envs(env.iter().copied())
+            // One that starts after all (the setting was not refused) must not outlive the
+            // test: without this it ran on, orphaned, after the timeout below.
+            .kill_on_drop(true)
             .output(),
     )
     .await
