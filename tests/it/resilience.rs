@@ -990,17 +990,33 @@ async fn a_redis_user_without_a_command_sells_nothing_half_way() {
 /// again once the policy is `noeviction` or there is no limit.
 #[tokio::test(flavor = "multi_thread")]
 async fn ready_says_when_redis_may_evict_keys() {
+    /// Sets `maxmemory` and the policy on `server`, and returns `/ready`'s answer on `app`.
+    async fn ready_under(
+        app: &Instance,
+        server: &RedisServer,
+        maxmemory: &str,
+        policy: &str,
+    ) -> Reply {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(maxmemory)
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+        app.get("/ready").await
+    }
+    /// A 503 `redis_may_evict` whose message holds every one of `words`.
+    fn says_may_evict(ready: &Reply, words: &[&str]) -> bool {
+        (ready.status, ready.error_code()) == (503, "redis_may_evict")
+            && ready.body["message"]
+                .as_str()
+                .is_some_and(|m| words.iter().all(|w| m.contains(w)))
+    }
     let redis = RedisServer::start().await;
     let app = InstanceBuilder::new(&redis, "app1").start().await;
-    let mut conn = redis.conn().await;
-    let set = |pairs: &[(&str, &str)]| {
-        let mut cmd = redis::cmd("CONFIG");
-        cmd.arg("SET");
-        for (k, v) in pairs {
-            cmd.arg(*k).arg(*v);
-        }
-        cmd
-    };
     assert_eq!(app.get("/ready").await.status, 200);
     for policy in [
         "volatile-lru",
@@ -1009,41 +1025,16 @@ async fn ready_says_when_redis_may_evict_keys() {
         "allkeys-random",
         "volatile-lfu",
     ] {
-        let () = set(&[("maxmemory", "1gb"), ("maxmemory-policy", policy)])
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let ready = app.get("/ready").await;
-        assert_eq!(
-            (ready.status, ready.error_code()),
-            (503, "redis_may_evict"),
+        let ready = ready_under(&app, &redis, "1gb", policy).await;
+        assert!(
+            says_may_evict(&ready, &[policy, "noeviction"]),
             "{policy}: {ready:?}"
         );
-        assert!(
-            ready.body["message"]
-                .as_str()
-                .is_some_and(|m| m.contains(policy) && m.contains("noeviction")),
-            "{ready:?}"
-        );
-        let () = set(&[("maxmemory", "0")])
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(
-            app.get("/ready").await.status,
-            200,
-            "{policy} without a limit"
-        );
+        let ready = ready_under(&app, &redis, "0", policy).await;
+        assert_eq!(ready.status, 200, "{policy} without a limit: {ready:?}");
     }
-    let () = set(&[("maxmemory", "1gb"), ("maxmemory-policy", "noeviction")])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(
-        app.get("/ready").await.status,
-        200,
-        "noeviction with a limit"
-    );
+    let ready = ready_under(&app, &redis, "1gb", "noeviction").await;
+    assert_eq!(ready.status, 200, "noeviction with a limit: {ready:?}");
 
     // The quorum lock's nodes hold its votes: one that may evict is said too.
     let nodes = LockNodes::start(3).await;
@@ -1052,24 +1043,9 @@ async fn ready_says_when_redis_may_evict_keys() {
         .start()
         .await;
     assert_eq!(quorum.get("/ready").await.status, 200);
-    let mut node = nodes.nodes[1].conn().await;
-    let () = set(&[("maxmemory", "1gb"), ("maxmemory-policy", "allkeys-lru")])
-        .query_async(&mut node)
-        .await
-        .unwrap();
-    let ready = quorum.get("/ready").await;
-    assert_eq!(
-        (ready.status, ready.error_code()),
-        (503, "redis_may_evict"),
-        "{ready:?}"
-    );
+    let ready = ready_under(&quorum, &nodes.nodes[1], "1gb", "allkeys-lru").await;
     let port = nodes.nodes[1].port().to_string();
-    assert!(
-        ready.body["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("lock node") && m.contains(&port)),
-        "{ready:?}"
-    );
+    assert!(says_may_evict(&ready, &["lock node", &port]), "{ready:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
