@@ -108,7 +108,7 @@ async fn health(State(app): State<Arc<AppState>>) -> Json<Status> {
 
 /// Readiness
 ///
-/// 200 when Redis answers a PING within the Redis timeout, with `REPLICA_ACKS` the master
+/// 200 when Redis answers a PING within the Redis timeout and takes writes, with `REPLICA_ACKS` the master
 /// has that many replicas online, and with `LOCK_NODES` a majority of the lock nodes answer
 /// too (each is listed with its answer); 503 otherwise.
 #[utoipa::path(
@@ -120,7 +120,7 @@ async fn health(State(app): State<Arc<AppState>>) -> Json<Status> {
             example = json!({"status": "ready", "instance": "app1:7777", "lock_nodes": [
                 {"node": "127.0.0.1:7001", "ok": true}, {"node": "127.0.0.1:7002", "ok": false},
                 {"node": "127.0.0.1:7003", "ok": true}]})),
-        (status = 503, description = "Redis did not answer, or fewer than a majority of the lock nodes did (the message names each that did not, and why), or (`not_replicated`) the master has fewer replicas online than `REPLICA_ACKS`, or Redis answers as a read-only replica, or (`redis_may_evict`) Redis may evict keys (`maxmemory` with a `maxmemory-policy` other than `noeviction`)", body = ErrorBody,
+        (status = 503, description = "Redis did not answer, or fewer than a majority of the lock nodes did (the message names each that did not, and why), or (`not_replicated`) the master has fewer replicas online than `REPLICA_ACKS`, or Redis answers as a read-only replica or refuses writes (`NOREPLICAS` under `min-replicas-to-write`, `MISCONF`, `OOM`), or (`redis_may_evict`) Redis may evict keys (`maxmemory` with a `maxmemory-policy` other than `noeviction`)", body = ErrorBody,
             example = json!({"error": "redis_unavailable", "message": "Redis did not answer; retry shortly"})),
     )
 )]
@@ -146,6 +146,9 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
     if let Some(policy) = unless_refused(app.seller.store().eviction_policy().await)? {
         return Err(ApiError::MayEvict(policy));
     }
+    // A master that answers PING may still refuse every write (`min-replicas-to-write`
+    // unmet, a save failing, memory full): asked without writing.
+    app.seller.store().writable().await?;
     // With REPLICA_ACKS, a master without enough replicas refuses every locked sale: not
     // ready, whatever PING says.
     let wanted = app.seller.store().replication().acks;

@@ -1015,6 +1015,20 @@ impl Store {
         Ok(info.lines().any(|l| l.trim() == "role:slave"))
     }
 
+    /// Whether Redis takes writes now, asked without writing: a script Redis must treat as
+    /// one that may write (`lua/writable.lua`) is refused up front where a sale's write would
+    /// be refused part way (`READONLY`, `NOREPLICAS`, `MISCONF`, `OOM`), and that refusal is
+    /// the error. `Ok` on a cluster, where each item has a master of its own.
+    pub async fn writable(&self) -> RedisResult<()> {
+        if self.cluster.is_some() {
+            return Ok(());
+        }
+        let probe = &scripts::writable();
+        self.call(|mut c| async move { probe.invoke_async::<i64>(&mut c).await })
+            .await
+            .map(drop)
+    }
+
     /// The eviction policy of a Redis that may evict keys (`maxmemory` set, and a
     /// `maxmemory-policy` other than `noeviction`), from `INFO memory`, which managed Redis
     /// services answer where they refuse `CONFIG`; `None` when it never evicts, and on a

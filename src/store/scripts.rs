@@ -48,12 +48,19 @@ script!(SELL, "sell.lua");
 script!(RESET, "reset.lua");
 script!(IDEMPOTENCY_SETTLE, "idempotency_settle.lua");
 script!(EXTEND_OWNED, "extend_owned.lua");
+script!(WRITABLE, "writable.lua");
 fencing_script!(LOCK_QUEUED, "lock_queued.lua");
 fencing_script!(NEXT_FENCE, "next_fence.lua");
 fencing_script!(DRAW_FENCES, "draw_fences.lua");
 
 // One builder per script: the only place that knows its KEYS and ARGV layout, used by
 // the store, the locks and the Lua tests alike.
+
+/// 1 when Redis takes writes now; its refusal (`READONLY`, `NOREPLICAS`, `MISCONF`, `OOM`)
+/// otherwise. Writes nothing.
+pub fn writable() -> ScriptInvocation<'static> {
+    WRITABLE.prepare_invoke()
+}
 
 /// `{1, 0}` when taken or re-entered, `{0, pttl}` when another owner holds it.
 pub fn lock_reentrant(lock: &str, owner: &str, ttl_ms: u64) -> ScriptInvocation<'static> {

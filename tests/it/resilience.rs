@@ -1048,6 +1048,64 @@ async fn ready_says_when_redis_may_evict_keys() {
     assert!(says_may_evict(&ready, &["lock node", &port]), "{ready:?}");
 }
 
+/// A Redis that answers PING can still refuse every write: `min-replicas-to-write` with too
+/// few replicas (`NOREPLICAS`), `maxmemory` reached under `noeviction` (`OOM`). `/ready`
+/// said ready while every sale answered 503. The property: `/ready` is 503 exactly while a
+/// sale is refused, it names the refusal, the refused sales sell nothing, and both come
+/// back by themselves once Redis takes writes again.
+#[tokio::test(flavor = "multi_thread")]
+async fn ready_is_not_ready_exactly_while_redis_refuses_writes() {
+    async fn config(server: &RedisServer, name: &str, value: &str) {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+    }
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1").start().await;
+    app.reset(10).await;
+    let mut sold = 0;
+    // (setting, refusing value, value that takes writes again, what the refusal is called)
+    let refusals = [
+        ("min-replicas-to-write", "1", "0", "NOREPLICAS"),
+        ("maxmemory", "1", "0", "out of memory"),
+    ];
+    for (setting, refusing, taking, named) in refusals {
+        assert_eq!(app.get("/ready").await.status, 200, "before {setting}");
+        config(&redis, setting, refusing).await;
+        let ready = app.get("/ready").await;
+        assert_eq!(
+            (ready.status, ready.error_code()),
+            (503, "redis_unavailable"),
+            "{setting} {refusing}: {ready:?}"
+        );
+        assert!(
+            ready.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(named)),
+            "{setting} {refusing}: {ready:?}"
+        );
+        for strategy in ["atomic", "fenced", "lua-release", "optimistic"] {
+            let sale = app.sale(&format!("strategy={strategy}")).await;
+            assert_eq!(sale.status, 503, "{setting}, {strategy}: {sale:?}");
+        }
+        config(&redis, setting, taking).await;
+        let ready = app.get("/ready").await;
+        assert_eq!(ready.status, 200, "{setting} {taking}: {ready:?}");
+        for strategy in ["atomic", "fenced"] {
+            let sale = app.sale(&format!("strategy={strategy}")).await;
+            assert_eq!(sale.status, 200, "{setting} {taking}, {strategy}: {sale:?}");
+            sold += 1;
+        }
+    }
+    // Only the sales answered 200 took a unit.
+    let stock = app.get("/inventory").await;
+    assert_eq!(stock.body["stock"], 10 - sold, "{stock:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn idempotency_keys_expire_after_their_ttl_and_sold_out_is_replayed() {
     let cluster = Cluster::start(1, |b| b.env("IDEMPOTENCY_TTL_S", 1)).await;
