@@ -7,17 +7,28 @@
 //! say so. A retry finds the sale (replayed, same order id), the marker (409 `in_progress`),
 //! or a kept `sold_out`. An attempt that sold nothing for a passing reason (`lock_timeout`,
 //! `lock_lost`, `stale_fence`) frees the key so that a retry tries again; one that cannot
-//! know whether it sold (Redis stopped answering) leaves the marker to expire.
+//! know whether it sold (Redis stopped answering) leaves the marker to run out.
+//!
+//! The marker has a short lease ([`CLAIM_LEASE`]) that its attempt extends while it runs,
+//! as a lock's watchdog does: an instance killed or frozen mid-sale stops extending, and a
+//! retry elsewhere sells once the lease has run out (it used to hear `in_progress` for the
+//! wait budget, the work and 30 s more: about 41 s by default). The write's check of its
+//! own marker is what keeps that safe: a frozen attempt that wakes after a retry took the
+//! key finds the marker gone and writes nothing.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde::Deserialize;
 
 /// How long the outcome of a sale stays replayable, unless configured otherwise.
 pub const DEFAULT_KEEP: Duration = Duration::from_secs(24 * 60 * 60);
-/// The pending marker outlives the attempt's own bounds (its wait budget and work) by this
-/// much, so that it cannot expire under an attempt that is still running.
-pub const PENDING_MARGIN: Duration = Duration::from_secs(30);
+/// How long a pending marker lasts unless its attempt extends it (every third of this, while
+/// it runs): how long a retry hears `in_progress` after the instance holding the key died.
+/// As long as a lock's default lease: an instance frozen this long loses its locks too.
+pub const CLAIM_LEASE: Duration = Duration::from_secs(5);
 pub const MAX_KEY_LEN: usize = 128;
 
 pub const INVALID_KEY: &str =
@@ -54,19 +65,36 @@ pub struct Claim {
     pub key: String,
     pub marker: String,
     pub keep: Duration,
-    /// When the claim runs out in Redis at the latest (it is written a little after this is
-    /// reckoned): settling it after that changes nothing.
-    pub pending_until: tokio::time::Instant,
+    /// When the marker runs out in Redis at the latest: settling it after that changes
+    /// nothing. Moved on by each extension that Redis confirmed.
+    pending_until: Arc<Mutex<Instant>>,
 }
 
 impl Claim {
-    pub fn new(redis_key: String, order_id: &str, keep: Duration, pending_for: Duration) -> Self {
+    pub fn new(redis_key: String, order_id: &str, keep: Duration) -> Self {
         Self {
             key: redis_key,
             marker: format!("pending:{order_id}"),
             keep,
-            pending_until: tokio::time::Instant::now() + pending_for,
+            pending_until: Arc::new(Mutex::new(Instant::now() + CLAIM_LEASE)),
         }
+    }
+
+    pub fn pending_until(&self) -> Instant {
+        *self
+            .pending_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Redis confirmed, no earlier than `answered`, a write or extension of the marker that
+    /// gave it a whole [`CLAIM_LEASE`].
+    pub fn leased(&self, answered: Instant) {
+        let mut until = self
+            .pending_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *until = (*until).max(answered + CLAIM_LEASE);
     }
 }
 

@@ -276,11 +276,14 @@ impl Seller {
         let order_id = uuid::Uuid::new_v4().to_string();
         let claim = match idempotency_key {
             None => None,
-            Some(key) => match self.claim(item, key, &order_id, request).await? {
+            Some(key) => match self.claim(item, key, &order_id).await? {
                 Next::Proceed(claim) => Some(claim),
                 Next::Replay(prior) => return replay(prior),
             },
         };
+        let keeper = claim
+            .as_ref()
+            .map(|claim| keep_claimed(item.store(), claim));
         let attempt = SaleAttempt {
             request,
             order_id,
@@ -296,6 +299,8 @@ impl Seller {
             Strategy::Optimistic => Box::pin(self.sell_optimistic(item, &attempt)).await,
             _ => Box::pin(self.sell_locked(item, &attempt)).await,
         };
+        // The attempt is over: what its claim becomes is the settle's, or the write's.
+        drop(keeper);
         if let (Some(claim), Err(e)) = (&attempt.claim, &outcome) {
             self.settle(item.store(), claim, e).await;
         }
@@ -318,13 +323,11 @@ impl Seller {
         item: &Item,
         key: &idempotency::Key,
         order_id: &str,
-        request: SaleRequest,
     ) -> Result<Next, SaleError> {
         let store = item.store();
         let redis_key = store.keys.idempotency(key.as_str());
-        let pending_for = self.wait_budget + request.work + idempotency::PENDING_MARGIN;
-        let claim = Claim::new(redis_key, order_id, self.idempotency_keep, pending_for);
-        match store.claim(claim.clone(), pending_for).await {
+        let claim = Claim::new(redis_key, order_id, self.idempotency_keep);
+        match store.claim(claim.clone()).await {
             Ok(next) => Ok(next),
             Err(e) => {
                 // The claim may sit queued in a Redis that stopped answering, and would then
@@ -585,7 +588,7 @@ impl Seller {
 fn settle_when_redis_answers(store: &Store, claim: &Claim, keep: Option<&'static str>) {
     let (store, claim) = (store.clone(), claim.clone());
     tokio::spawn(async move {
-        while Instant::now() < claim.pending_until {
+        while Instant::now() < claim.pending_until() {
             let wait = match store.settle(&claim, keep).await {
                 Ok(true) => return,
                 Ok(false) => Duration::from_secs(1),
@@ -594,6 +597,33 @@ fn settle_when_redis_answers(store: &Store, claim: &Claim, keep: Option<&'static
             tokio::time::sleep(wait).await;
         }
     });
+}
+
+/// Extends `claim` every third of its lease while its attempt runs, so that only an attempt
+/// that stopped (its instance killed or frozen, its request's future dropped) lets it run
+/// out. Ends when the key no longer holds the claim, and when the returned guard is dropped.
+/// A failed extension is tried again at the next tick: if none lands within the lease, the
+/// claim runs out under a live attempt, whose write then finds it gone and sells nothing.
+fn keep_claimed(store: &Store, claim: &Claim) -> AbortOnDrop {
+    let (store, claim) = (store.clone(), claim.clone());
+    AbortOnDrop(tokio::spawn(async move {
+        let tick = idempotency::CLAIM_LEASE / 3;
+        loop {
+            tokio::time::sleep(tick).await;
+            if let Ok(false) = store.extend_claim(&claim).await {
+                return;
+            }
+        }
+    }))
+}
+
+/// A task that stops when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// What an earlier attempt with the same key left: its sale, replayed, or its refusal.

@@ -1484,7 +1484,7 @@ impl Store {
 
     /// Claims an idempotency key for a sale with one `SET NX GET`: the claim when it is
     /// this attempt's, otherwise what an earlier attempt left.
-    pub async fn claim(&self, claim: Claim, pending_for: Duration) -> RedisResult<Next> {
+    pub async fn claim(&self, claim: Claim) -> RedisResult<Next> {
         let claim_ref = &claim;
         let prior: Option<String> = self
             .call(|mut c| async move {
@@ -1494,11 +1494,12 @@ impl Store {
                     .arg("NX")
                     .arg("GET")
                     .arg("PX")
-                    .arg(pending_for.as_millis().max(1) as u64)
+                    .arg(idempotency::CLAIM_LEASE.as_millis() as u64)
                     .query_async(&mut c)
                     .await
             })
             .await?;
+        claim.leased(tokio::time::Instant::now());
         Ok(match prior {
             None => Next::Proceed(claim),
             // This claim's own marker: an earlier send of this same call landed (a cluster
@@ -1508,6 +1509,23 @@ impl Store {
             Some(prior) if prior == claim.marker => Next::Proceed(claim),
             Some(prior) => Next::Replay(idempotency::parse(&prior)),
         })
+    }
+
+    /// Extends the lease of `claim`'s marker while the key still holds it: `false` once it
+    /// does not (the sale replaced it, a settle freed it, or it ran out and a retry took it).
+    pub async fn extend_claim(&self, claim: &Claim) -> RedisResult<bool> {
+        let extend = &scripts::extend_owned(
+            &claim.key,
+            &claim.marker,
+            idempotency::CLAIM_LEASE.as_millis() as u64,
+        );
+        let extended: i64 = self
+            .call(|mut c| async move { extend.invoke_async(&mut c).await })
+            .await?;
+        if extended == 1 {
+            claim.leased(tokio::time::Instant::now());
+        }
+        Ok(extended == 1)
     }
 
     /// Ends a claim that did not sell: keeps `outcome` for replays, or frees the key.

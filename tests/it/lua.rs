@@ -638,14 +638,7 @@ async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_wi
     let (redis, mut c, k) = setup().await;
     let store = store(&redis);
     store.reset(5, LEASE).await.unwrap();
-    let claim = |order: &str| {
-        Claim::new(
-            k.idempotency("retry-1"),
-            order,
-            Duration::from_secs(60),
-            Duration::from_secs(60),
-        )
-    };
+    let claim = |order: &str| Claim::new(k.idempotency("retry-1"), order, Duration::from_secs(60));
     let (mine, theirs) = (claim("o-1"), claim("o-2"));
     let sell = |claim: &Claim| {
         let (store, claim) = (store.clone(), claim.clone());
@@ -653,17 +646,17 @@ async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_wi
     };
 
     assert_eq!(sell(&mine).await, Recorded::ClaimLost, "no claim, no sale");
-    let next = store.claim(mine.clone(), Duration::from_secs(5)).await;
+    let next = store.claim(mine.clone()).await;
     assert!(matches!(next, Ok(Next::Proceed(_))), "claimed: {next:?}");
     // The same claim sent again (a cluster call re-sent after its first send had run) finds
     // its own marker: it is this attempt's, not one "in progress" elsewhere.
-    let again = store.claim(mine.clone(), Duration::from_secs(5)).await;
+    let again = store.claim(mine.clone()).await;
     assert!(
         matches!(again, Ok(Next::Proceed(_))),
         "its own claim: {again:?}"
     );
     // Another attempt's claim on the same key is one in progress.
-    let other = store.claim(theirs.clone(), Duration::from_secs(5)).await;
+    let other = store.claim(theirs.clone()).await;
     assert!(
         matches!(other, Ok(Next::Replay(Prior::InProgress))),
         "{other:?}"
@@ -673,7 +666,17 @@ async fn a_write_under_an_idempotency_claim_lands_once_and_replaces_the_claim_wi
         Recorded::ClaimLost,
         "someone else's claim, no sale"
     );
+    // The marker's lease is short, and its holder extends it: only the holder's.
+    let lease = pttl(&mut c, &mine.key).await;
+    assert!((1..=5000).contains(&lease), "{lease}");
+    let _: () = c.pexpire(&mine.key, 100).await.unwrap();
+    assert_eq!(store.extend_claim(&theirs).await.ok(), Some(false));
+    assert_eq!(store.extend_claim(&mine).await.ok(), Some(true));
+    let lease = pttl(&mut c, &mine.key).await;
+    assert!((4000..=5000).contains(&lease), "extended: {lease}");
     assert_eq!(sell(&mine).await, Recorded::Written(4));
+    // The sale replaced the marker: nothing left to extend (the kept sale keeps its time).
+    assert_eq!(store.extend_claim(&mine).await.ok(), Some(false));
     let kept: String = c.get(&mine.key).await.unwrap();
     assert!(
         kept.starts_with("sold:") && kept.contains("\"order_id\":\"o-1\""),

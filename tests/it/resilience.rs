@@ -611,6 +611,107 @@ async fn a_retry_while_the_first_attempt_is_in_flight_never_sells_twice() {
     assert!(kept.starts_with("sold:"), "{kept}");
 }
 
+/// An instance killed or frozen in the middle of a keyed sale stops extending its claim, so
+/// a retry elsewhere hears `in_progress` for at most the claim's lease (5 s) and a lock's
+/// lease, then sells (it heard `in_progress` for about 41 s: the wait budget, the work and
+/// a 30 s margin). A frozen instance that wakes after the retry sold writes nothing, lock or
+/// no lock (`atomic`: only the claim's check stands between it and a second unit): the
+/// stock, the sales count and the ledger say one sale per key.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_sells_once_the_instance_holding_its_key_died_or_froze() {
+    let redis = RedisServer::start().await;
+    // The default lease (the harness gives 30 s): the dead holder's lock runs out in time.
+    let start = |name: &'static str| {
+        InstanceBuilder::new(&redis, name)
+            .env("LOCK_TTL_MS", 5000)
+            .start()
+    };
+    let (dying, freezing, retrying) = tokio::join!(start("app1"), start("app2"), start("app3"));
+    retrying.reset(10).await;
+    let keys = Keys::new("001");
+    // (instance, strategy, key, how it stops)
+    let cases = [
+        (&dying, "fenced", "held-by-the-dead", "KILL"),
+        (&freezing, "atomic", "held-by-the-frozen", "STOP"),
+    ];
+    for (app, strategy, key, signal) in cases {
+        let query = format!("strategy={strategy}&work_ms=3000");
+        let original = tokio::spawn(
+            testkit::fixture::client()
+                .post(app.url(&format!("/inventory/sale?{query}")))
+                .header("idempotency-key", key)
+                .send(),
+        );
+        let claimed = redis
+            .wait_for_key(&keys.idempotency(key), true, Duration::from_secs(5))
+            .await;
+        assert!(claimed.is_some(), "{key}: never claimed");
+        app.signal(signal).await;
+        let stopped = Instant::now();
+        let retry = loop {
+            let retry = retrying.sale_with_key(&query, key).await;
+            if retry.error_code() != "in_progress" || stopped.elapsed() > Duration::from_secs(30) {
+                break retry;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert_eq!(retry.status, 200, "{key} after SIG{signal}: {retry:?}");
+        // The claim's lease, then (for the lock held by the dead) the lock's, and the work.
+        assert!(
+            stopped.elapsed() < Duration::from_secs(15),
+            "{key}: the retry sold {:?} after SIG{signal}",
+            stopped.elapsed()
+        );
+        if signal == "STOP" {
+            app.signal("CONT").await;
+            let original = original.await.unwrap().unwrap();
+            assert_ne!(
+                original.status().as_u16(),
+                200,
+                "the frozen attempt sold too: {}",
+                original.text().await.unwrap_or_default()
+            );
+        } else {
+            original.abort();
+        }
+    }
+    let audit = retrying.audit().await;
+    assert_eq!(audit["sales"], 2, "{audit}");
+    assert_eq!(retrying.get("/inventory").await.body["stock"], 8);
+    let mut c = redis.conn().await;
+    for key in ["held-by-the-dead", "held-by-the-frozen"] {
+        let kept: String = c.get(keys.idempotency(key)).await.unwrap();
+        assert!(kept.contains("app3"), "{key}: {kept}");
+    }
+}
+
+/// A live attempt keeps its claim however long it works: one that outlasts the claim's
+/// lease (5 s) still sells, and a retry meanwhile hears `in_progress`, not a second sale.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyed_sale_that_outlasts_its_claims_lease_keeps_the_key_and_sells_once() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("MAX_WORK_MS", 8000)
+        .start()
+        .await;
+    app.reset(5).await;
+    for strategy in ["watchdog", "atomic"] {
+        let key = format!("long-{strategy}");
+        let query = format!("strategy={strategy}&work_ms=7000");
+        let (first, retry) = tokio::join!(app.sale_with_key(&query, &key), async {
+            tokio::time::sleep(Duration::from_millis(6000)).await;
+            app.sale_with_key(&query, &key).await
+        });
+        assert_eq!(first.status, 200, "{strategy}: {first:?}");
+        assert_eq!(
+            (retry.status, retry.error_code()),
+            (409, "in_progress"),
+            "{strategy}: {retry:?}"
+        );
+    }
+    assert_eq!(app.audit().await["sales"], 2);
+}
+
 /// A sale that failed because Redis went away mid-sale answers "nothing sold, retry" (or
 /// "outcome unknown, retry with the key"): once Redis is back, the retry with its
 /// Idempotency-Key must sell (or replay what landed), not hear "in progress" until the claim
