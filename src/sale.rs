@@ -436,7 +436,21 @@ impl Seller {
         } else {
             self.read_work_write(item, &mut guard, attempt).await
         };
-        if item.store().outages() != outages {
+        let info = strategy.info();
+        // A release that may reach a lock's server before this sale's write reaches the
+        // stock's: a quorum lock's nodes are other servers, and calls that take connections
+        // of their own are not kept in order.
+        let may_overtake = info.quorum || !item.store().calls_in_order();
+        let leased_without_token = matches!(strategy, Strategy::Redis(lock)
+            if lock != RedisLock::Setnx && !info.fenced);
+        if matches!(outcome, Err(SaleError::OutcomeUnknown(_)))
+            && leased_without_token
+            && may_overtake
+        {
+            // Its write may still land: the lease, not a release, frees the lock. (Fenced
+            // locks release: the token refuses a late write. `setnx` has no lease.)
+            locks.abandon(guard);
+        } else if item.store().outages() != outages {
             // Redis left a call of this sale unanswered: its release would most likely wait
             // out one more timeout before the sale could answer.
             locks.release_detached(guard);

@@ -1244,6 +1244,15 @@ impl Store {
         self.outages.load(Ordering::Relaxed)
     }
 
+    /// Whether this store's calls reach Redis in the order they were sent: all on the shared
+    /// multiplexed connection (a cluster node's, on a cluster), and none taking a pooled
+    /// connection of its own (`REDIS_CONNECTION=pool`, or `REPLICA_ACKS`, whose calls each
+    /// take one). A release sent after a write that went unanswered then reaches Redis
+    /// behind that write, wherever the write is held.
+    pub fn calls_in_order(&self) -> bool {
+        self.replication.acks == 0 && self.pool_settings.mode == ConnectionMode::Multiplexed
+    }
+
     fn uses_shared_connection(&self) -> bool {
         self.acked.is_none()
             && self.cluster.is_none()

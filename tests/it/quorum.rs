@@ -433,3 +433,63 @@ async fn lock_nodes_that_are_replicas_are_not_ready_and_the_refusal_says_readonl
         );
     }
 }
+
+/// A quorum sale whose write to the stock's Redis was sent and never confirmed (504) leaves
+/// the quorum lock to its lease instead of releasing it: the lock nodes are other servers,
+/// and a release there let the next holder read and write before the held write landed
+/// (from outside: 2 to 30 units sold twice after short cuts between an instance and the
+/// stock's Redis). Here the first holder's connection to the stock's Redis holds what it
+/// sends for 1.5 s, past its 300 ms timeout and well within its 4 s lease; the next sale, at
+/// the other instance, starts at once. Every unit sold is sold once, and the stock agrees
+/// with the ledger. `redlock-fenced` may release: the token refuses the late write.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quorum_sale_whose_write_went_unconfirmed_leaves_its_lock_to_its_lease() {
+    let redis = RedisServer::start().await;
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(RedisServer::start().await);
+    }
+    let proxy = testkit::DelayProxy::transparent(format!("127.0.0.1:{}", redis.port()))
+        .await
+        .unwrap();
+    let start = |name: &'static str, url: String| {
+        InstanceBuilder::new(&redis, name)
+            .env("REDIS_URL", url)
+            .env("LOCK_NODES", lock_nodes(&nodes))
+            .env("LOCK_TTL_MS", 4000)
+            .env("REDIS_TIMEOUT_MS", 300)
+            .start()
+    };
+    let (held, other) = tokio::join!(start("app1", proxy.redis_url()), start("app2", redis.url()));
+    for strategy in QUORUM_STRATEGIES {
+        other.reset(10).await;
+        proxy.delay_requests(Duration::ZERO);
+        let query = format!("strategy={strategy}&work_ms=600");
+        let (first, second) = tokio::join!(held.sale(&query), async {
+            // The read is done by now; the write, at 600 ms, is held.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            proxy.delay_requests(Duration::from_millis(1500));
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            other.sale(&format!("strategy={strategy}")).await
+        });
+        assert_eq!(
+            (first.status, first.error_code()),
+            (504, "outcome_unknown"),
+            "{strategy}: {first:?}"
+        );
+        assert_eq!(second.status, 200, "{strategy}: {second:?}");
+        // The held write has landed by now.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let audit = other.audit().await;
+        assert_eq!(
+            audit["clean"], true,
+            "{strategy}: a unit sold twice: {audit}"
+        );
+        let stock = other.get("/inventory").await;
+        assert_eq!(
+            stock.body["stock"].as_i64().unwrap() + audit["sales"].as_i64().unwrap(),
+            10,
+            "{strategy}: {stock:?} {audit}"
+        );
+    }
+}
