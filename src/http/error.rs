@@ -441,6 +441,19 @@ fn redis_parts(e: &RedisError, effect: Effect) -> (StatusCode, &'static str, Str
                 effect.refused()
             ),
         )
+    } else if e.code() == Some("CLUSTERDOWN") {
+        // An answer, and a refusal: nothing ran (see `cluster::not_run`). It used to say
+        // "Redis did not answer".
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "redis_unavailable",
+            format!(
+                "the Redis Cluster is down or does not serve the slot now (CLUSTERDOWN: {}; a \
+                 failover or a change of the cluster may be under way){}; retry shortly",
+                e.detail().unwrap_or("refused"),
+                effect.refused()
+            ),
+        )
     } else if unavailable(e) {
         (
             StatusCode::SERVICE_UNAVAILABLE,

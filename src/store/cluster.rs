@@ -41,6 +41,11 @@ const LOOKUP_INTERVAL: Duration = Duration::from_millis(100);
 /// answers anything (an error included) is left alone.
 const REBUILD_AFTER: Duration = Duration::from_secs(2);
 
+/// The shortest time between two replacements of the shared connection after `CLUSTERDOWN`
+/// refusals ([`Cluster::refused`]): a cluster that is down refuses every call, and a new
+/// connection a second is enough to find the slots once it is up again.
+const REBUILD_REFUSED: Duration = Duration::from_secs(1);
+
 /// When the shared connection last answered, and when it was last replaced, in
 /// milliseconds since `since`: atomics, as every call notes its answer.
 struct Watch {
@@ -176,14 +181,40 @@ impl Cluster {
             return;
         }
         let silent = Duration::from_millis(now.saturating_sub(answered));
+        self.rebuild(&format!(
+            "the cluster connection answered nothing for {silent:?}"
+        ));
+    }
+
+    /// A call on the shared connection was refused with `CLUSTERDOWN`: the crate sent it to
+    /// the node its slot map names, which may be a node no longer in the cluster (removed
+    /// with `--cluster del-node`, which resets it and leaves it running: it answers "Hash
+    /// slot not served" to every key, never `MOVED`, so the crate's map is never corrected).
+    /// From outside, a sixth of 120 items answered 503 on a healthy cluster for minutes,
+    /// until that node was killed. The connection is replaced (at most once per
+    /// [`REBUILD_REFUSED`]), and the new one reads the slot map afresh from the seeds.
+    pub fn refused(&self) {
+        let bound = u64::try_from(REBUILD_REFUSED.as_millis()).unwrap_or(u64::MAX);
+        let now = self.watch.now();
+        let rebuilt = self.watch.rebuilt.load(Ordering::Relaxed);
+        if now.saturating_sub(rebuilt) < bound
+            || self
+                .watch
+                .rebuilt
+                .compare_exchange(rebuilt, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        self.rebuild("a call was refused with CLUSTERDOWN");
+    }
+
+    fn rebuild(&self, why: &str) {
         match builder(&self.seeds).build() {
             Ok(client) => {
                 let fresh = client.get_pending_async_connection_with_config(config(self.timeout));
                 *self.conn.write().unwrap_or_else(|p| p.into_inner()) = fresh;
-                tracing::warn!(
-                    silent_ms = silent.as_millis() as u64,
-                    "the cluster connection answered nothing for {silent:?}: replaced by a new one"
-                );
+                tracing::warn!("{why}: the cluster connection is replaced by a new one");
             }
             Err(e) => tracing::warn!(error = %e, "cannot build a new cluster connection"),
         }
@@ -317,15 +348,37 @@ impl Cluster {
         });
     }
 
-    /// `CLUSTER INFO` of a node the crate picks: ready means `cluster_state:ok`.
-    /// A server without cluster support, named by mistake, answers single-node commands
-    /// all the same (the crate sends them on): this is where it shows, and says so.
-    pub async fn state_ok(&self) -> RedisResult<bool> {
+    /// `CLUSTER INFO` of the master serving `slot` (the default item's): ready means
+    /// `cluster_state:ok`. Asked of a node the crate picked, it could be a node no longer in
+    /// the cluster (removed with `--cluster del-node`, or reset, and left running), which says
+    /// `cluster_state:fail`: from outside, `/ready` answered 503 to a fifth of the probes of a
+    /// healthy cluster. A server without cluster support, named by mistake, answers
+    /// single-node commands all the same (the crate sends them on): this is where it shows,
+    /// and says so.
+    pub async fn state_ok(&self, slot: u16) -> RedisResult<bool> {
+        let mut conn = match self.owner(slot).await {
+            Ok(owner) => owner.conn.clone(),
+            // No master known for the slot (nor any slot map yet): whatever a node says.
+            Err(_) => return self.state_ok_anywhere().await,
+        };
+        let info: RedisResult<String> = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(&mut conn)
+            .await;
+        Self::cluster_state(info)
+    }
+
+    /// `CLUSTER INFO` of a node the crate picks, when no master is known for the slot.
+    async fn state_ok_anywhere(&self) -> RedisResult<bool> {
         let mut conn = self.conn();
         let info: RedisResult<String> = redis::cmd("CLUSTER")
             .arg("INFO")
             .query_async(&mut conn)
             .await;
+        Self::cluster_state(info)
+    }
+
+    fn cluster_state(info: RedisResult<String>) -> RedisResult<bool> {
         match info {
             Ok(info) => Ok(info.lines().any(|l| l.trim() == "cluster_state:ok")),
             Err(e) if e.to_string().contains("cluster support disabled") => {

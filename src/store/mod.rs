@@ -1312,6 +1312,10 @@ impl Store {
         if let (true, Some(cluster)) = (shared_cluster, &self.cluster) {
             match &result {
                 Err(e) if e.is_timeout() => cluster.unanswered(),
+                Err(e) if e.code() == Some("CLUSTERDOWN") => {
+                    cluster.answered();
+                    cluster.refused();
+                }
                 _ => cluster.answered(),
             }
         }
@@ -1321,8 +1325,9 @@ impl Store {
     /// Whether Redis answers; on a cluster, whether a node says `cluster_state:ok`.
     pub async fn ping(&self) -> RedisResult<()> {
         if let Some(cluster) = &self.cluster {
+            let slot = self.keys.slot();
             let ok = self
-                .call(|_| async move { cluster.state_ok().await })
+                .call(|_| async move { cluster.state_ok(slot).await })
                 .await?;
             return if ok {
                 Ok(())

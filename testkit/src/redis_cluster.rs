@@ -94,6 +94,9 @@ pub struct RedisCluster {
     /// directory and log stay until the cluster drops).
     nodes: Vec<RedisProcess>,
     killed: Vec<u16>,
+    /// Nodes taken out of the cluster ([`RedisCluster::remove_node`]), still running: no
+    /// longer among the live ones the cluster's checks and seeds use.
+    removed: Vec<u16>,
 }
 
 impl RedisCluster {
@@ -101,33 +104,14 @@ impl RedisCluster {
     /// every node says `cluster_state:ok`, knows all six, and every replica's link to its
     /// master is up.
     pub async fn start() -> Self {
-        let timeout = NODE_TIMEOUT.as_millis().to_string();
-        let extra = [
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            &timeout,
-            // A replica takes over however long it was cut off: with one replica per master
-            // there is nobody better, and a test that kills a master wants the failover.
-            "--cluster-replica-validity-factor",
-            "0",
-            // The other masters keep serving their slots while one shard has no master
-            // (the default stops the whole cluster until every slot is served again).
-            "--cluster-require-full-coverage",
-            "no",
-        ];
         let mut nodes = Vec::with_capacity(NODES);
         for _ in 0..NODES {
-            let node = RedisProcess::start_picking(free_cluster_port, &extra)
-                .await
-                .unwrap_or_else(|e| panic!("a cluster node did not start: {e:#}"));
-            nodes.push(node);
+            nodes.push(Self::start_node().await);
         }
         let cluster = Self {
             nodes,
             killed: Vec::new(),
+            removed: Vec::new(),
         };
         let addrs: Vec<String> = cluster
             .nodes
@@ -153,6 +137,94 @@ impl RedisCluster {
             .wait_until("the cluster to form", SETTLE_WITHIN, |c| c.formed())
             .await;
         cluster
+    }
+
+    /// One cluster-enabled `redis-server`, in no cluster yet.
+    async fn start_node() -> RedisProcess {
+        let timeout = NODE_TIMEOUT.as_millis().to_string();
+        let extra = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            &timeout,
+            // A replica takes over however long it was cut off: with one replica per master
+            // there is nobody better, and a test that kills a master wants the failover.
+            "--cluster-replica-validity-factor",
+            "0",
+            // The other masters keep serving their slots while one shard has no master
+            // (the default stops the whole cluster until every slot is served again).
+            "--cluster-require-full-coverage",
+            "no",
+        ];
+        RedisProcess::start_picking(free_cluster_port, &extra)
+            .await
+            .unwrap_or_else(|e| panic!("a cluster node did not start: {e:#}"))
+    }
+
+    /// A new master with no slots, joined as `redis-cli --cluster add-node` joins one;
+    /// returns once every live node knows it.
+    pub async fn add_master(&mut self) -> ClusterNodeInfo {
+        let node = Self::start_node().await;
+        let port = node.port;
+        self.nodes.push(node);
+        let first = self.live_ports().next().expect("a live node");
+        let () = redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(port)
+            .query_async(&mut self.node_connection(first).await)
+            .await
+            .expect("CLUSTER MEET");
+        let known = self.live_ports().count();
+        self.wait_until(
+            "every node to know the new master",
+            SETTLE_WITHIN,
+            |c| async move {
+                for p in c.live_ports() {
+                    match c.nodes_seen_by(p).await {
+                        Ok(nodes) if nodes.len() == known => {}
+                        _ => return false,
+                    }
+                }
+                // It takes part (imports, answers) only once it has learnt every slot's owner.
+                c.cluster_info(port)
+                    .await
+                    .get("cluster_state")
+                    .map(String::as_str)
+                    == Some("ok")
+            },
+        )
+        .await;
+        self.nodes_seen_by(port)
+            .await
+            .expect("CLUSTER NODES")
+            .into_iter()
+            .find(|n| n.port == port)
+            .expect("the new node knows itself")
+    }
+
+    /// Takes `node` (a master without slots) out of the cluster as `redis-cli --cluster
+    /// del-node` does: every other node forgets it, and it is reset (`CLUSTER RESET SOFT`)
+    /// and left running, a node of no cluster that answers every key with `CLUSTERDOWN`.
+    pub async fn remove_node(&mut self, node: &ClusterNodeInfo) {
+        let others: Vec<u16> = self.live_ports().filter(|&p| p != node.port).collect();
+        for port in &others {
+            let () = redis::cmd("CLUSTER")
+                .arg("FORGET")
+                .arg(&node.id)
+                .query_async(&mut self.node_connection(*port).await)
+                .await
+                .expect("CLUSTER FORGET");
+        }
+        let () = redis::cmd("CLUSTER")
+            .arg("RESET")
+            .arg("SOFT")
+            .query_async(&mut self.node_connection(node.port).await)
+            .await
+            .expect("CLUSTER RESET SOFT");
+        self.removed.push(node.port);
     }
 
     async fn formed(&self) -> bool {
@@ -202,7 +274,7 @@ impl RedisCluster {
         self.nodes
             .iter()
             .map(|n| n.port)
-            .filter(|p| !self.killed.contains(p))
+            .filter(|p| !self.killed.contains(p) && !self.removed.contains(p))
     }
 
     /// A connection to one node (no redirections followed: what a node answers itself).
@@ -446,10 +518,13 @@ impl RedisCluster {
             "SETSLOT NODE",
             setslot("NODE", &to.id).query_async(&mut target).await,
         );
-        ok(
-            "SETSLOT NODE",
-            setslot("NODE", &to.id).query_async(&mut source).await,
-        );
+        // A master that gave its last slot away turns into a replica of the node that took
+        // it (Redis 7, `cluster-allow-replica-migration`), and refuses SETSLOT from then on:
+        // it has learnt the new owner already.
+        match setslot("NODE", &to.id).query_async::<()>(&mut source).await {
+            Err(e) if e.to_string().contains("only with masters") => {}
+            r => ok("SETSLOT NODE", r),
+        }
         for master in self.masters().await {
             if master.id != from.id && master.id != to.id {
                 let mut c = self.node_connection(master.port).await;

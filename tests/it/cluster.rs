@@ -675,3 +675,59 @@ async fn a_cluster_call_cut_off_after_it_was_sent_is_never_sent_again() {
     }
     eprintln!("{sold} sold, {unknown} outcome unknown, {gone} gone");
 }
+
+/// A node taken out of the cluster as `redis-cli --cluster del-node` takes one (forgotten by
+/// the others, reset, left running) while the instances' cluster client still routed an
+/// item's slot to it: that node answers every key `CLUSTERDOWN Hash slot not served`, never
+/// `MOVED`, so the client's map was never corrected, and from outside whole items answered
+/// 503 "Redis did not answer" on a healthy cluster for minutes, until the node was killed;
+/// `/ready` asked `CLUSTER INFO` of a node the client picked, that one among them, and
+/// answered 503 to a fifth of the probes. Here the item's slot goes to a new master (both
+/// instances sell there, so both route the slot to it), comes back, and the new master is
+/// removed: both instances sell the item again at once, and `/ready` stays 200.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_whose_slot_was_on_a_node_since_removed_sells_again_at_once() {
+    let mut setup = start(|b| b).await;
+    let masters = setup.cluster.masters().await;
+    let item = &items_on(&masters, "removed")[0];
+    let slot = hash_slot(&format!("{{{item}}}"));
+    let home = setup.cluster.master_for_slot(slot).await;
+    stock_item(&setup.apps[0], item, 20).await;
+    let extra = setup.cluster.add_master().await;
+    setup
+        .cluster
+        .migrate_slot(slot, &home, &extra, Migration::Finish)
+        .await;
+    for app in &setup.apps {
+        let reply = sell(app, item, "strategy=atomic").await;
+        assert_eq!(reply.status, 200, "on the new master: {reply:?}");
+    }
+    setup
+        .cluster
+        .migrate_slot(slot, &extra, &home, Migration::Finish)
+        .await;
+    setup.cluster.remove_node(&extra).await;
+    // Readiness first: a sale refused by the removed node renews the client's view.
+    for app in &setup.apps {
+        for _ in 0..20 {
+            let ready = app.get("/ready").await;
+            assert_eq!(ready.status, 200, "{ready:?}");
+        }
+    }
+    for app in &setup.apps {
+        for strategy in ["atomic", "fenced"] {
+            let started = std::time::Instant::now();
+            let reply = loop {
+                let reply = sell(app, item, &format!("strategy={strategy}")).await;
+                if reply.status == 200 || started.elapsed() > Duration::from_secs(5) {
+                    break reply;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            assert_eq!(reply.status, 200, "{strategy} after the removal: {reply:?}");
+        }
+    }
+    let audit = audit(&setup.apps[0], item).await;
+    assert_eq!(audit["sales"], 6, "{audit}");
+    assert_eq!(audit["clean"], true, "{audit}");
+}
