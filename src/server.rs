@@ -128,12 +128,32 @@ fn lock_nodes(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Vec<Stor
 /// facing slow or idle clients needs and `axum::serve` does not set: a deadline for each
 /// request's headers (which also closes idle keep-alive connections), and a cap on open
 /// connections (past it, new ones wait in the kernel's backlog instead of costing memory).
+/// The listening socket, with a backlog for the connections past `MAX_CONNECTIONS`, which
+/// wait there: the standard library's 128 overflowed at 1500 connections through nginx (from
+/// outside: nginx's connects timed out, it marked both instances down, and 37,000 requests
+/// answered "no live upstreams"). The kernel caps it at `net.core.somaxconn`.
+fn listen(ip: std::net::IpAddr, port: u16, max_connections: u64) -> std::io::Result<TcpListener> {
+    let addr = std::net::SocketAddr::new(ip, port);
+    let socket = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    // As `TcpListener::bind` does: a restart finds the port free while old connections
+    // linger in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog(max_connections))
+}
+
+/// Room for as many connections again as `MAX_CONNECTIONS` lets in, at least 1024.
+fn backlog(max_connections: u64) -> u32 {
+    u32::try_from(max_connections).unwrap_or(u32::MAX).max(1024)
+}
+
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let (app, items) = build(&config)?;
     check_one_server_named_twice(items.default_item().locks.nodes()).await?;
-    let addr = (config.bind_addr, config.port);
-    let listener = TcpListener::bind(addr)
-        .await
+    let listener = listen(config.bind_addr, config.port, config.max_connections)
         .with_context(|| format!("cannot listen on {}:{}", config.bind_addr, config.port))?;
     tracing::info!(
         instance = %config.instance_name(),

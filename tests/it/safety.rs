@@ -680,6 +680,48 @@ async fn an_instance_drops_clients_that_never_finish_their_headers_or_sit_idle()
     assert_eq!(app.get("/health").await.status, 200);
 }
 
+/// Connections past `MAX_CONNECTIONS` wait in the listening socket's backlog, which holds as
+/// many again (at least 1024): with the standard library's 128, 1500 connections through
+/// nginx overflowed it, nginx's connects timed out and it marked both instances down. Here
+/// 600 clients connect to an instance that serves 4 at a time: every connection completes,
+/// and each is served in turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_past_max_connections_wait_in_a_backlog_that_holds_them() {
+    let cluster = Cluster::start(1, |b| b.env("MAX_CONNECTIONS", 4)).await;
+    let app = &cluster.instances[0];
+    let addr = format!("127.0.0.1:{}", app.port);
+    let connects = (0..600).map(|_| {
+        let addr = addr.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr))
+                .await
+                .map_err(|_| "connect timed out".to_owned())
+                .and_then(|c| c.map_err(|e| e.to_string()))
+        }
+    });
+    let streams = futures_util::future::join_all(connects).await;
+    let failed = streams.iter().filter(|s| s.is_err()).count();
+    assert_eq!(
+        failed, 0,
+        "connections left out of the backlog: {failed} of 600"
+    );
+    // Each is served once the ones before it close.
+    let served =
+        futures_util::future::join_all(streams.into_iter().flatten().map(|mut s| async move {
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .ok()?;
+            let mut answer = Vec::new();
+            tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut answer))
+                .await
+                .ok()?
+                .ok()?;
+            answer.starts_with(b"HTTP/1.1 200").then_some(())
+        }))
+        .await;
+    assert_eq!(served.iter().flatten().count(), 600);
+}
+
 /// A fencing token never goes backwards, across instances, even after Redis lost its data
 /// (here `FLUSHALL`, then a restock): for each fenced strategy, one instance draws one token
 /// and another many; after the loss, the first token either of them draws is above every
