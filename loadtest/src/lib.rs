@@ -107,9 +107,11 @@ pub struct StrategyReport {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub resumed_after_s: Option<f64>,
     /// Sales per second until the kill: the steady rate, which the outage does not dilute.
+    /// `None` for a kill less than [`MIN_RATE_WINDOW`] into the run: too short to be a rate.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub sales_per_s_before_failover: Option<f64>,
-    /// 200s per instance (from `X-Instance`).
+    /// 200s per instance (from `X-Instance`), every instance that answered listed: 0 for one
+    /// that answered without selling.
     pub instances: BTreeMap<String, u64>,
     pub duration_s: f64,
     pub throughput_rps: f64,
@@ -157,6 +159,18 @@ fn resumed_after(
         (Some(_), Some(sale)) => Some(sale.saturating_sub(at)),
         (_, None) => None,
     }
+}
+
+/// The shortest window over which `failover-table` gives a rate of sales: the time before
+/// the kill, and the row's whole run.
+pub const MIN_RATE_WINDOW: Duration = Duration::from_secs(1);
+
+/// Sales per second over the `window` from the start to the kill, `None` when the window is
+/// shorter than [`MIN_RATE_WINDOW`]. Over the milliseconds of a kill at 0 s, the few sales
+/// sent before it (answered later, some by the new master) made "740 sales/s" of a run that
+/// sold 6; a window of a few request times is no rate, however it is divided.
+fn rate_before_kill(sales: usize, window: Duration) -> Option<f64> {
+    (window >= MIN_RATE_WINDOW).then(|| (sales as f64 / window.as_secs_f64()).round())
 }
 
 fn one() -> usize {
@@ -300,6 +314,9 @@ impl StrategyReport {
 struct Sale {
     item: usize,
     outcome: Outcome,
+    /// The instance that answered (`X-Instance`) when it did not sell; a sale's is in its
+    /// outcome.
+    answered_by: Option<String>,
     latency: Duration,
     sent: Duration,
 }
@@ -494,10 +511,12 @@ impl LoadTest {
                 while more() {
                     let item = deck.draw();
                     let sent = started.elapsed();
-                    let (outcome, latency) = sell_once(&mut conn, &sale_paths[item]).await;
+                    let (outcome, answered_by, latency) =
+                        sell_once(&mut conn, &sale_paths[item]).await;
                     done.push(Sale {
                         item,
                         outcome,
+                        answered_by,
                         latency,
                         sent,
                     });
@@ -541,6 +560,10 @@ impl LoadTest {
             duration,
             &audits,
         );
+        count_idle_instances(
+            &mut report.instances,
+            results.iter().filter_map(|s| s.answered_by.as_deref()),
+        );
         if let Some((killed, at)) = killed {
             report.resumed_after_s = resumed_after(
                 results.iter().map(|s| {
@@ -555,8 +578,7 @@ impl LoadTest {
                 .iter()
                 .filter(|s| matches!(s.outcome, Outcome::Sold { .. }) && s.sent < at)
                 .count();
-            report.sales_per_s_before_failover =
-                Some((before as f64 / at.as_secs_f64().max(1e-9)).round());
+            report.sales_per_s_before_failover = rate_before_kill(before, at);
             report.failover = Some(killed);
         }
         Ok(report)
@@ -572,11 +594,14 @@ impl LoadTest {
         Ok(())
     }
 
+    /// Every message names the URL requested, the target's prefix included: the path alone
+    /// (`/inventory`) was not what a target with a prefix had been sent.
     async fn reset_one(&self, path: &str) -> anyhow::Result<()> {
+        let url = self.target.url(path);
         let send = || {
             let request = self
                 .http
-                .put(self.target.url(path))
+                .put(&url)
                 .json(&serde_json::json!({ "stock": self.plan.stock }));
             match &self.plan.admin_token {
                 Some(token) => request.bearer_auth(token),
@@ -585,11 +610,13 @@ impl LoadTest {
         };
         let response = until_not_passing(send)
             .await
-            .with_context(|| format!("cannot reach {}", self.plan.target))?;
+            // Named once, by the context.
+            .map_err(reqwest::Error::without_url)
+            .with_context(|| format!("resetting the stock: cannot reach {url}"))?;
         let status = response.status();
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();
-            bail!("resetting the stock ({path}) failed with {status}: {body}");
+            bail!("resetting the stock (PUT {url}) failed with {status}: {body}");
         }
         Ok(())
     }
@@ -610,12 +637,16 @@ impl LoadTest {
         let url = self.target.url(&format!("{path}/audit"));
         let response = until_not_passing(|| self.http.get(&url))
             .await
-            .context("cannot read the audit")?;
+            .map_err(reqwest::Error::without_url)
+            .with_context(|| format!("cannot read the audit (GET {url})"))?;
         let status = response.status();
         if !status.is_success() {
-            bail!("the audit ({path}/audit) failed with {status}");
+            bail!("the audit (GET {url}) failed with {status}");
         }
-        Ok(response.json().await?)
+        response
+            .json()
+            .await
+            .with_context(|| format!("the audit (GET {url}) is not an audit"))
     }
 }
 
@@ -650,14 +681,32 @@ fn passing(status: reqwest::StatusCode) -> bool {
     matches!(status.as_u16(), 502..=504)
 }
 
-/// One sale on the worker's own connection, and how long it took.
-async fn sell_once(conn: &mut conn::Conn, path: &str) -> (Outcome, Duration) {
+/// One sale on the worker's own connection: how it ended, the instance that answered when
+/// it did not sell, and how long it took.
+async fn sell_once(conn: &mut conn::Conn, path: &str) -> (Outcome, Option<String>, Duration) {
     let started = Instant::now();
-    let outcome = match conn.send(hyper::Method::POST, path).await {
-        Ok(answer) => classify(answer.status, &answer.body, answer.instance),
-        Err(failure) => Outcome::Error(failure.kind().into()),
+    // The name moves into a sale's outcome rather than being copied: this is the hot loop.
+    let (outcome, answered_by) = match conn.send(hyper::Method::POST, path).await {
+        Ok(answer) if answer.status == 200 => (classify(200, &answer.body, answer.instance), None),
+        Ok(answer) => (classify(answer.status, &answer.body, None), answer.instance),
+        Err(failure) => (Outcome::Error(failure.kind().into()), None),
     };
-    (outcome, started.elapsed())
+    (outcome, answered_by, started.elapsed())
+}
+
+/// Lists with 0 sales every instance that answered without selling, beside those that sold
+/// (`instances`, 200s per instance). The `split` column had one number per instance that
+/// sold: `50` read as one instance, when a second had answered every other request with
+/// `sold_out`; it is `50/0`.
+fn count_idle_instances<'a>(
+    instances: &mut BTreeMap<String, u64>,
+    answered_by: impl Iterator<Item = &'a str>,
+) {
+    for name in answered_by {
+        if !instances.contains_key(name) {
+            instances.insert(name.to_owned(), 0);
+        }
+    }
 }
 
 /// Runs each worker as a task of its own, so that the runtime's threads share them (one
@@ -867,6 +916,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_instance_that_answered_without_selling_is_listed_with_0_sales() {
+        let mut instances = BTreeMap::from([("app1".to_owned(), 50)]);
+        count_idle_instances(&mut instances, ["app2", "app1", "app2"].into_iter());
+        assert_eq!(
+            instances,
+            BTreeMap::from([("app1".to_owned(), 50), ("app2".to_owned(), 0)])
+        );
+    }
+
+    #[test]
     fn percentiles_use_the_nearest_rank() {
         let sorted: Vec<_> = (1..=100).map(Duration::from_millis).collect();
         assert_eq!(percentile(&sorted, 50.0), 50.0);
@@ -926,6 +985,19 @@ mod tests {
             (ms(2390), ms(2395), true, false),
         ];
         assert_eq!(resumed_after(requests.into_iter(), ms(100)), Some(ms(2295)));
+    }
+
+    #[test]
+    fn a_rate_before_the_kill_needs_a_second_of_sales() {
+        assert_eq!(rate_before_kill(6, ms(8)), None, "a kill at 0 s");
+        assert_eq!(rate_before_kill(900, ms(999)), None);
+        assert_eq!(rate_before_kill(1000, ms(1000)), Some(1000.0));
+        assert_eq!(rate_before_kill(3000, ms(2000)), Some(1500.0));
+        assert_eq!(
+            rate_before_kill(0, ms(2000)),
+            Some(0.0),
+            "no sale is a rate of 0"
+        );
     }
 
     #[test]

@@ -312,9 +312,15 @@ pub async fn run(
     redis::cmd("FLUSHALL").query_async::<()>(&mut admin).await?;
 
     let mut children = Vec::with_capacity(clients);
+    let parent = std::process::id().to_string();
     for id in 0..clients {
+        // `kill_on_drop` covers an error return only: a bench killed by a signal runs no
+        // `Drop`, and its clients used to run out their `--duration` adopted by init. Each
+        // client therefore asks the kernel to kill it when its parent dies
+        // ([`die_with_parent`]), and is told which pid that parent is.
         let mut child = Command::new(exe)
             .arg("child")
+            .args(["--parent", &parent])
             .args(["--redis", &redis.url()])
             .args(["--contender", &contender.label()])
             .args(["--id", &id.to_string()])
@@ -501,6 +507,28 @@ pub fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// Makes this client process die (SIGKILL) when the bench that spawned it, pid `parent`,
+/// dies, however it dies: SIGTERM, Ctrl-C sent to its pid alone, or SIGKILL, none of which
+/// runs the bench's `Drop`s. To call first thing in the client, before its runtime starts.
+///
+/// The kernel sends the signal when the *thread* that forked the client exits: the bench
+/// spawns its clients from the thread that `block_on` runs on, the main thread, which lives
+/// as long as the bench does.
+pub fn die_with_parent(parent: u32) -> anyhow::Result<()> {
+    // Set here rather than in a `pre_exec` hook of the bench's: the workspace forbids
+    // `unsafe`, and the check below closes the same window that the hook would.
+    #[cfg(target_os = "linux")]
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .context("prctl(PR_SET_PDEATHSIG)")?;
+    // The bench may have died between the fork and the line above, when there was nothing
+    // yet to send the signal: this process has then been adopted by another.
+    let now = nix::unistd::getppid().as_raw();
+    if u32::try_from(now).ok() != Some(parent) {
+        bail!("the bench (pid {parent}) is gone; this client's parent is now pid {now}");
+    }
+    Ok(())
+}
+
 /// One client process: connect, say `ready`, wait for `go`, loop for `load.duration`, and
 /// print a [`ClientReport`].
 pub async fn client(
@@ -532,7 +560,7 @@ pub async fn client(
             tokio::time::sleep(Duration::from_millis(200)).await;
             stdout.write_all(b"ready\n").await?;
             stdout.flush().await?;
-            stdin.next_line().await?;
+            wait_for_go(&mut stdin).await?;
             let cpu = own_cpu_us();
             // The loop runs in a task, as a sale does in an instance: on `block_on`'s own
             // thread every Redis reply (delivered by the connection's task on a worker)
@@ -559,7 +587,7 @@ pub async fn client(
             redis::cmd("PING").query_async::<()>(&mut conn).await?;
             stdout.write_all(b"ready\n").await?;
             stdout.flush().await?;
-            stdin.next_line().await?;
+            wait_for_go(&mut stdin).await?;
             let cpu = own_cpu_us();
             let mut report =
                 tokio::spawn(async move { rslock_loop(&manager, &mut conn, load).await }).await?;
@@ -572,6 +600,17 @@ pub async fn client(
     stdout.write_all(&line).await?;
     stdout.flush().await?;
     Ok(())
+}
+
+/// The bench's `go`. Its stdin closed instead means the bench is gone: the loop is not
+/// run, as nobody would read its report.
+async fn wait_for_go(
+    stdin: &mut tokio::io::Lines<BufReader<tokio::io::Stdin>>,
+) -> anyhow::Result<()> {
+    match stdin.next_line().await? {
+        Some(_) => Ok(()),
+        None => bail!("the bench closed this client's stdin before the start"),
+    }
 }
 
 async fn project_loop(

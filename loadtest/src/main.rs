@@ -75,8 +75,10 @@ struct Args {
     /// Print one JSON object per strategy instead of the table.
     #[arg(long)]
     json: bool,
-    /// Write an HTML report with charts to this file (its directory is created if missing;
-    /// checked before the run).
+    /// Write an HTML report with charts to this file once every strategy has run (its
+    /// directory is created if missing). Checked before anything is sent: a file that
+    /// cannot be written is refused with exit status 1. A run that fails writes no page,
+    /// and leaves an existing one as it was.
     #[arg(long, value_name = "FILE.html")]
     report: Option<std::path::PathBuf>,
     /// Kill the master that Sentinel names this many seconds into the run (one strategy
@@ -210,7 +212,7 @@ async fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Ok(reports) if reports.iter().any(|r| r.verdict == Verdict::Inconclusive) => {
-            ExitCode::from(3)
+            ExitCode::from(loadtest::tool::INCONCLUSIVE)
         }
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {

@@ -2,8 +2,8 @@
 //! tables of `failover-table` and `cluster-table`, each with its header beside its rows so
 //! that the two cannot drift apart.
 
-use crate::StrategyReport;
 use crate::items::{Spread, name_some};
+use crate::{MIN_RATE_WINDOW, StrategyReport};
 
 // Sales/s and requests/s apart: with a small stock most requests are quick refusals
 // (sold out), and their rate says nothing about how fast the lock sells.
@@ -130,9 +130,16 @@ pub const FAILOVER_HEADER: [&str; 2] = [
 ];
 
 /// One row of `failover-table`: a run with `REPLICA_ACKS` at `acks` and its master killed.
+/// A rate is `-` over less than [`MIN_RATE_WINDOW`]: the kill's own (`None` in the report)
+/// and, for a run that short, the overall one.
 pub fn failover_row(acks: u32, r: &StrategyReport) -> String {
+    let overall = if r.duration_s >= MIN_RATE_WINDOW.as_secs_f64() {
+        format!("{:.0}", r.sales_per_s)
+    } else {
+        "-".into()
+    };
     format!(
-        "| {} | {acks} | {} | {} | {} | {} | {} | {:.0} | {} |",
+        "| {} | {acks} | {} | {} | {} | {} | {} | {overall} | {} |",
         r.strategy,
         r.sold,
         r.lost_200,
@@ -141,7 +148,6 @@ pub fn failover_row(acks: u32, r: &StrategyReport) -> String {
         errors(r),
         r.sales_per_s_before_failover
             .map_or("-".into(), |s| format!("{s:.0}")),
-        r.sales_per_s,
         markdown_verdict(r)
     )
 }
@@ -282,6 +288,26 @@ mod tests {
         let mut safe = failed("x", 4);
         safe.verdict = crate::Verdict::Safe;
         assert!(failover_row(0, &safe).ends_with("| SAFE |"));
+    }
+
+    #[test]
+    fn a_failover_row_gives_no_rate_over_less_than_a_second() {
+        let mut short = report(&[5]);
+        short.sales_per_s_before_failover = None;
+        short.duration_s = 0.6;
+        assert!(
+            failover_row(0, &short).ends_with("| - | - | SAFE |"),
+            "{}",
+            failover_row(0, &short)
+        );
+        short.sales_per_s_before_failover = Some(990.0);
+        short.duration_s = 8.0;
+        short.sales_per_s = 700.0;
+        assert!(
+            failover_row(0, &short).ends_with("| 990 | 700 | SAFE |"),
+            "{}",
+            failover_row(0, &short)
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! What the crate's tools share: the `--inventory-bin` of the tools that start their own
 //! processes (`failover-table`, `cluster-table`, `scenarios`), the one reader of a
-//! `--strategy` list (`loadtest` and the two tables), and the one parser of flags given in
-//! seconds (`loadtest`, `lock-bench`).
+//! `--strategy` list (`loadtest` and the two tables), the one parser of flags given in
+//! seconds (every tool's, as clap's `value_parser`), the `--report` check, and the exit
+//! statuses of the tables.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -83,10 +84,14 @@ pub fn strategies(list: &str) -> Result<Strategies, String> {
     })
 }
 
-/// A tool's exit status, its error (with causes) on stderr under its name.
 /// Makes ready for a `--report` page before the run, so that a path that cannot be written
 /// fails at once, named, rather than after minutes of load (the page was then lost): its
-/// directory is created if missing, and a directory is refused as the file.
+/// directory is created if missing, a directory is refused as the file, and the file is
+/// opened for writing, as the page will be.
+///
+/// Nothing is left of the check: a file that did not exist is removed again, and one that
+/// did is neither truncated nor changed. A run that fails after it leaves no empty page, and
+/// the last run's page stays until a run that completes replaces it.
 pub fn ready_report(path: &Path) -> anyhow::Result<()> {
     if path.is_dir() {
         anyhow::bail!("--report {}: is a directory; give a file", path.display());
@@ -100,6 +105,22 @@ pub fn ready_report(path: &Path) -> anyhow::Result<()> {
             )
         })?;
     }
+    // Whether there is anything at the path, a dangling link included: only a file this
+    // check created is removed (removing a link would not remove what it names).
+    let existed = std::fs::symlink_metadata(path).is_ok();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(!existed)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("--report {}: cannot be written: {e}", path.display()))?;
+    if !existed {
+        std::fs::remove_file(path).map_err(|e| {
+            anyhow::anyhow!(
+                "--report {}: removing the file made to check it: {e}",
+                path.display()
+            )
+        })?;
+    }
     Ok(())
 }
 
@@ -109,6 +130,38 @@ pub fn write_report(path: &Path, page: String) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--report {}: writing it: {e}", path.display()))
 }
 
+/// The exit status of a run with an INCONCLUSIVE verdict: `loadtest`'s, and the tables'.
+pub const INCONCLUSIVE: u8 = 3;
+
+/// The exit statuses of the table tools, for their `--help`.
+pub const TABLE_EXIT_STATUS: &str = "Exit status: 0 when every row measured something; 3 \
+when a row is INCONCLUSIVE (the row says why, e.g. no request was sent; every row is printed \
+all the same), as loadtest's; 2 for a wrong option or value; 1 when a run fails.";
+
+/// A table tool's exit status from the verdicts of the rows it printed: [`INCONCLUSIVE`]
+/// when any is, as `loadtest` does, since a table with a row that measured nothing must not
+/// pass a script's check; else as [`exit`].
+pub fn exit_after_rows(tool: &str, result: anyhow::Result<Vec<crate::Verdict>>) -> ExitCode {
+    match result {
+        Ok(verdicts) => {
+            let inconclusive = verdicts
+                .iter()
+                .filter(|v| **v == crate::Verdict::Inconclusive)
+                .count();
+            if inconclusive == 0 {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!(
+                "{tool}: {inconclusive} of {} rows INCONCLUSIVE; exit status {INCONCLUSIVE}",
+                verdicts.len()
+            );
+            ExitCode::from(INCONCLUSIVE)
+        }
+        Err(e) => exit(tool, Err(e)),
+    }
+}
+
+/// A tool's exit status, its error (with causes) on stderr under its name.
 pub fn exit(tool: &str, result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -123,13 +176,6 @@ pub fn exit(tool: &str, result: anyhow::Result<()>) -> ExitCode {
 /// day. Beyond it a run is a mistake, and far beyond it the seconds no longer fit a
 /// `Duration` or a deadline.
 pub const MAX_SECONDS: f64 = 86_400.0;
-
-/// `value` seconds of `flag`, refused with the range named unless in (0 or above 0, as
-/// `zero_ok` says) ..= a day. NaN fails both comparisons, so it is refused too: a flag
-/// parsed as `f64` must come through here before `Duration::from_secs_f64`, which panics.
-pub fn seconds(flag: &str, value: f64, zero_ok: bool) -> anyhow::Result<Duration> {
-    in_range(value, zero_ok).map_err(|valid| anyhow::anyhow!("{flag} is {value:?}; {valid}"))
-}
 
 /// A flag in seconds above 0, up to a day, as clap's `value_parser`: a wrong value is then a
 /// usage error (exit status 2) named by clap with its flag, before the tool does anything.
@@ -149,6 +195,7 @@ fn parse_seconds(text: &str, zero_ok: bool) -> Result<Duration, String> {
     }
 }
 
+/// NaN fails both comparisons, so it is refused too: `Duration::from_secs_f64` panics on it.
 fn in_range(value: f64, zero_ok: bool) -> Result<Duration, String> {
     let low_ok = if zero_ok { value >= 0.0 } else { value > 0.0 };
     if low_ok && value <= MAX_SECONDS {
@@ -198,6 +245,47 @@ mod tests {
         );
     }
 
+    /// A path of this test's own under the temporary directory, gone at first.
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("ready-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        let _ = std::fs::remove_file(&path);
+        path
+    }
+
+    /// A file the user may not write (sysfs takes no new file, root's included) is refused
+    /// by the check, before a run: it used to pass, and the page was lost after the run.
+    #[test]
+    fn a_report_that_cannot_be_written_is_refused_by_the_check() {
+        let refusal = ready_report(Path::new("/sys/kernel/x.html"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refusal.starts_with("--report /sys/kernel/x.html: cannot be written: "),
+            "{refusal}"
+        );
+        assert!(!Path::new("/sys/kernel/x.html").exists());
+    }
+
+    #[test]
+    fn the_check_leaves_no_file_behind_and_an_existing_page_as_it_was() {
+        let new = scratch("new.html");
+        ready_report(&new).unwrap();
+        assert!(!new.exists(), "an empty page was left behind");
+        let old = scratch("old.html");
+        std::fs::write(&old, "the last run's page").unwrap();
+        ready_report(&old).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&old).unwrap(),
+            "the last run's page"
+        );
+        let nested = scratch("a").join("b").join("page.html");
+        ready_report(&nested).unwrap();
+        assert!(nested.parent().unwrap().is_dir() && !nested.exists());
+        std::fs::remove_dir_all(scratch("a").parent().unwrap()).unwrap();
+    }
+
     #[test]
     fn seconds_as_clap_reads_them_are_refused_as_the_numbers_are() {
         assert_eq!(seconds_above_zero(" 1.5"), Ok(Duration::from_millis(1500)));
@@ -227,15 +315,13 @@ mod tests {
             1e30,
             1e300,
         ] {
-            let refusal = seconds("--duration", bad, false)
-                .expect_err("taken")
-                .to_string();
+            let refusal = in_range(bad, false).expect_err("taken");
             assert!(refusal.contains("above 0, at most 86400"), "{refusal}");
         }
-        assert!(seconds("--failover-after", 0.0, true).is_ok());
-        assert!(seconds("--failover-after", -0.5, true).is_err());
+        assert!(in_range(0.0, true).is_ok());
+        assert!(in_range(-0.5, true).is_err());
         assert_eq!(
-            seconds("--duration", 86_400.0, false).ok(),
+            in_range(86_400.0, false).ok(),
             Some(Duration::from_secs(86_400))
         );
     }

@@ -926,3 +926,188 @@ async fn a_relative_inventory_bin_is_found_from_where_the_tool_runs() {
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert_eq!(json_lines(&stdout)[0]["observed"], "safe", "{stdout}");
 }
+
+/// A report file that cannot be written (sysfs takes no new file, root's included) is
+/// refused before the run, named, with each tool's error status: it was found only once the
+/// run was over, and its page lost. A run that fails writes no page, not even an empty one.
+#[tokio::test]
+async fn a_report_that_cannot_be_written_is_refused_before_the_run() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nobody = format!("http://127.0.0.1:{}", closed.local_addr().unwrap().port());
+    drop(closed);
+    let unwritable = "/sys/kernel/x.html";
+    let said = format!("--report {unwritable}: cannot be written: ");
+    let output = loadtest(&["--target", &nobody, "--report", unwritable]).await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains(&said), "{stderr}");
+    assert!(
+        !stderr.contains("cannot reach"),
+        "the run was begun: {stderr}"
+    );
+
+    // Before the inventory binary is looked for, as a wrong row is.
+    let output = scenarios(&["--scenario", "two-instances", "--report", unwritable]).await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(stderr.contains(&said), "{stderr}");
+    assert_eq!(stdout, "");
+
+    let page = std::env::temp_dir().join(format!("unreached-{}.html", std::process::id()));
+    let output = loadtest(&["--target", &nobody, "--report", page.to_str().unwrap()]).await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(!page.exists(), "a failed run left {}", page.display());
+
+    let help = loadtest(&["--help"]).await;
+    assert!(
+        text(&help)
+            .0
+            .contains("a file that cannot be written is refused with exit status 1"),
+        "{}",
+        text(&help).0
+    );
+}
+
+/// Every error of a target with a prefix names the URL requested, prefix included: a 404
+/// under `/nope` was reported as "resetting the stock (/inventory)".
+#[tokio::test]
+async fn an_error_names_the_url_requested_under_the_targets_prefix() {
+    let (_redis, app) = instance().await;
+    let proxy = PrefixProxy::start(app.port).await;
+    let to = format!("http://127.0.0.1:{}/nope", proxy.port);
+    let output = loadtest(&["--target", &to, "--requests", "2", "--strategy", "atomic"]).await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "resetting the stock (PUT {to}/inventory) failed with 404 Not Found"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        proxy
+            .requests()
+            .iter()
+            .any(|l| l.starts_with("PUT /nope/inventory ")),
+        "{:?}",
+        proxy.requests()
+    );
+}
+
+/// Behind nginx, two instances and a stock of 1: one of them sells it, the other answers
+/// `sold_out`. The split lists both, `1/0` or `0/1`: it said `1`, as if one instance had
+/// answered.
+#[tokio::test]
+async fn the_split_lists_an_instance_that_answered_without_selling() {
+    let redis = RedisServer::start().await;
+    let app1 = InstanceBuilder::new(&redis, "app1").start().await;
+    let app2 = InstanceBuilder::new(&redis, "app2").start().await;
+    let nginx = testkit::NginxProcess::start([app1.port, app2.port])
+        .await
+        .unwrap();
+    let to = nginx.url();
+    let args = [
+        "--target",
+        &to,
+        "--strategy",
+        "atomic",
+        "--stock",
+        "1",
+        "--requests",
+        "6",
+        "--concurrency",
+        "1",
+    ];
+    let output = loadtest(&[&args[..], &["--json"]].concat()).await;
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let line = &json_lines(&stdout)[0];
+    let mut sales: Vec<u64> = line["instances"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    sales.sort_unstable();
+    assert_eq!(sales, [0, 1], "{line}");
+
+    let output = loadtest(&args).await;
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("atomic"))
+        .unwrap_or_default();
+    assert!(
+        row.split_whitespace().any(|c| c == "1/0" || c == "0/1"),
+        "{stdout}"
+    );
+}
+
+/// A row that sent no request (a duration shorter than one) is INCONCLUSIVE, and the table
+/// tools exit 3 for it, as loadtest does: they exited 0, and a script took the table for a
+/// measurement. Their help says so.
+#[tokio::test]
+async fn the_tables_exit_3_when_a_row_is_inconclusive() {
+    let bin = testkit::inventory_binary().unwrap();
+    let cluster = env!("CARGO_BIN_EXE_cluster-table");
+    let output = run(
+        cluster,
+        &["--duration", "1e-9", "--strategy", "atomic", "--items", "1"],
+        &[("INVENTORY_BIN", bin.to_str().unwrap())],
+    )
+    .await;
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.matches("INCONCLUSIVE: no request was sent").count(),
+        2,
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("cluster-table: 2 of 2 rows INCONCLUSIVE; exit status 3"),
+        "{stderr}"
+    );
+    for bin in [cluster, env!("CARGO_BIN_EXE_failover-table")] {
+        let (help, _) = text(&run(bin, &["--help"], &[]).await);
+        assert!(
+            help.contains(
+                "Exit status: 0 when every row measured something; 3 when a row is INCONCLUSIVE"
+            ),
+            "{bin}: {help}"
+        );
+    }
+}
+
+/// A kill at 0 s leaves a few milliseconds of sales before it: no rate, `-`. It reported
+/// "sales/s before the kill 740" for a row that sold 6. (The overall rate of a row shorter
+/// than a second is `-` too, but how long the row lasts depends on how long its last sales
+/// take to end: the table's unit tests hold that.)
+#[tokio::test]
+async fn a_failover_row_gives_no_rate_over_a_window_too_short_for_one() {
+    let bin = testkit::inventory_binary().unwrap();
+    let output = run(
+        env!("CARGO_BIN_EXE_failover-table"),
+        &[
+            "--failover-after",
+            "0",
+            "--duration",
+            "0.5",
+            "--strategy",
+            "atomic",
+            "--acks",
+            "0",
+        ],
+        &[("INVENTORY_BIN", bin.to_str().unwrap())],
+    )
+    .await;
+    let (stdout, stderr) = text(&output);
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("| atomic | 0 |"))
+        .unwrap_or_else(|| panic!("no row: {stdout}\n{stderr}"));
+    let cells: Vec<&str> = row.split(" | ").collect();
+    // strategy, acks, sold, lost, resumed, errors, before the kill, overall, verdict.
+    assert_eq!(cells[6], "-", "{row}");
+}

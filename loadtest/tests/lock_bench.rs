@@ -1,6 +1,7 @@
-//! The lock bench's correctness half, as a test: a short run of real client processes
-//! against a real `redis-server` loses no update and times out nowhere. Speed is the
-//! bench's business (`make bench-lock`), never asserted here.
+//! The lock bench as a user runs it: a short run of real client processes against a real
+//! `redis-server` loses no update and times out nowhere (speed is the bench's business,
+//! `make bench-lock`, never asserted here), wrong values are usage errors, and the clients
+//! die with the bench.
 
 use std::process::Command;
 
@@ -66,5 +67,139 @@ fn two_thread_clients_run_the_same_loop_and_the_cpu_per_critical_section_is_repo
             run["redis_cpu_us_per_cs"].as_f64().unwrap_or(0.0) > 0.0,
             "{run}"
         );
+    }
+}
+
+/// Wrong values are usage errors (exit status 2, as in the other tools), naming what is
+/// valid, before Redis or a client starts: they exited 1, as a failed bench does.
+#[test]
+fn wrong_values_exit_2_naming_the_valid_ones() {
+    for (args, valid) in [
+        (
+            &["--contenders", "bogus"][..],
+            "expected rslock or <strategy>/<wait>, <wait> one of notify, pubsub, spin",
+        ),
+        (
+            &["--duration", "0"],
+            "valid: a number of seconds above 0, at most 86400 (a day)",
+        ),
+        (
+            &["--wait-budget", "nan"],
+            "valid: a number of seconds above 0, at most 86400 (a day)",
+        ),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_lock-bench"))
+            .args(args)
+            .output()
+            .expect("lock-bench runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(args[0]) && stderr.contains(valid),
+            "{args:?}: {stderr}"
+        );
+        assert!(output.stdout.is_empty(), "{args:?}: a run was begun");
+    }
+}
+
+/// A client process of one bench: its pid, and its command line to tell it from a process
+/// that took the pid over once it is gone.
+struct Client {
+    pid: u32,
+    cmdline: Vec<u8>,
+}
+
+impl Client {
+    fn cmdline(pid: u32) -> Option<Vec<u8>> {
+        std::fs::read(format!("/proc/{pid}/cmdline")).ok()
+    }
+
+    /// Still running: neither gone nor a zombie, and still the same program.
+    fn alive(&self) -> bool {
+        testkit::ProcStat::read(self.pid).is_some_and(|p| !p.is_zombie())
+            && Self::cmdline(self.pid).as_ref() == Some(&self.cmdline)
+    }
+}
+
+/// What a failed test would leave running for its `--duration`: killed by pid, the clients
+/// it found only.
+struct Clients(Vec<Client>);
+
+impl Drop for Clients {
+    fn drop(&mut self) {
+        for client in self.0.iter().filter(|c| c.alive()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(client.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// The `lock-bench child` processes whose parent is `parent`.
+fn clients_of(parent: u32) -> Vec<Client> {
+    testkit::ProcStat::all()
+        .into_iter()
+        .filter(|p| p.ppid == parent && !p.is_zombie())
+        .filter_map(|p| {
+            let cmdline = Client::cmdline(p.pid)?;
+            let child = cmdline.split(|&b| b == 0).nth(1) == Some(b"child");
+            child.then_some(Client {
+                pid: p.pid,
+                cmdline,
+            })
+        })
+        .collect()
+}
+
+/// The clients die with the bench however it dies: a signal to the bench's pid alone (no
+/// terminal's group-wide Ctrl-C), caught or not, runs none of its `Drop`s. They used to run
+/// out their `--duration`, adopted by init.
+#[test]
+fn the_clients_die_with_the_bench_however_it_dies() {
+    use nix::sys::signal::Signal;
+    use std::time::{Duration, Instant};
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGKILL] {
+        let mut bench = Command::new(env!("CARGO_BIN_EXE_lock-bench"))
+            .args(["--contenders", "fenced/notify", "--clients", "3"])
+            .args(["--duration", "300", "--client-threads", "1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("lock-bench runs");
+        let pid = bench.id();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut clients = Clients(clients_of(pid));
+        while clients.0.len() < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "{signal}: the bench never started its 3 clients"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+            clients = Clients(clients_of(pid));
+        }
+        // Into the run: a client still connecting fails by itself once Redis is swept
+        // with the bench, while one in its loop went on without Redis.
+        std::thread::sleep(Duration::from_secs(2));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)
+            .expect("the bench is signalled");
+        bench.wait().expect("the bench is reaped");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left: Vec<u32> = clients
+                .0
+                .iter()
+                .filter(|c| c.alive())
+                .map(|c| c.pid)
+                .collect();
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{signal}: clients {left:?} outlived the bench"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }

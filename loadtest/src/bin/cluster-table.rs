@@ -10,13 +10,14 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use loadtest::lockbench::parse_commandstats;
-use loadtest::{LoadTest, Plan, table};
+use loadtest::{LoadTest, Plan, Verdict, table};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "cluster-table",
     version,
-    about = "Sales/s, p99 and each master's share of commands, on one Redis against a 3-master Redis Cluster"
+    about = "Sales/s, p99 and each master's share of commands, on one Redis against a 3-master Redis Cluster",
+    after_help = loadtest::tool::TABLE_EXIT_STATUS
 )]
 struct Args {
     /// `all`, or strategy names or aliases (comma-separated, in any case); a strategy named
@@ -41,7 +42,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    loadtest::tool::exit("cluster-table", run(Args::parse()).await)
+    loadtest::tool::exit_after_rows("cluster-table", run(Args::parse()).await)
 }
 
 /// Two instances behind nginx on whatever Redis `redis` names, and the masters to count on.
@@ -76,7 +77,8 @@ impl Stack {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+/// The verdict of every row printed.
+async fn run(args: Args) -> anyhow::Result<Vec<Verdict>> {
     for note in &args.strategy.notes {
         eprintln!("cluster-table: {note}");
     }
@@ -87,7 +89,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let single = testkit::RedisProcess::start(&[]).await?;
     let stack = Stack::start(&bin, ("REDIS_URL", &single.url()), vec![single.port]).await?;
-    rows(&args, "one node", &stack).await?;
+    let mut verdicts = rows(&args, "one node", &stack).await?;
     drop(stack);
     drop(single);
 
@@ -95,11 +97,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let masters = cluster.masters().await.iter().map(|m| m.port).collect();
     let seeds = cluster.seed_urls().join(",");
     let stack = Stack::start(&bin, ("REDIS_CLUSTER", &seeds), masters).await?;
-    rows(&args, "cluster, 3 masters", &stack).await?;
-    Ok(())
+    verdicts.extend(rows(&args, "cluster, 3 masters", &stack).await?);
+    Ok(verdicts)
 }
 
-async fn rows(args: &Args, redis: &str, stack: &Stack) -> anyhow::Result<()> {
+async fn rows(args: &Args, redis: &str, stack: &Stack) -> anyhow::Result<Vec<Verdict>> {
+    let mut verdicts = Vec::new();
     for &strategy in &args.strategy.list {
         for &items in &args.items {
             let plan = Plan::endless(stack.nginx.url(), strategy, args.concurrency as usize);
@@ -115,9 +118,10 @@ async fn rows(args: &Args, redis: &str, stack: &Stack) -> anyhow::Result<()> {
                 .map(|(a, b)| a.saturating_sub(*b))
                 .collect();
             println!("{}", table::cluster_row(redis, &sent, &r));
+            verdicts.push(r.verdict);
         }
     }
-    Ok(())
+    Ok(verdicts)
 }
 
 /// Commands each master has run since it started (`INFO commandstats`, but not `INFO`).

@@ -9,13 +9,14 @@ use std::time::Duration;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use loadtest::failover::{Failover, REPLICAS, SentinelTopology};
-use loadtest::{LoadTest, Plan, table};
+use loadtest::{LoadTest, Plan, Verdict, table};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "failover-table",
     version,
-    about = "Kills the Sentinel master under load, per strategy and REPLICA_ACKS, and counts the sales answered 200 and lost"
+    about = "Kills the Sentinel master under load, per strategy and REPLICA_ACKS, and counts the sales answered 200 and lost",
+    after_help = loadtest::tool::TABLE_EXIT_STATUS
 )]
 struct Args {
     /// `all`, or strategy names or aliases (comma-separated, in any case); a strategy named
@@ -27,11 +28,14 @@ struct Args {
     #[arg(long, default_value = "0,1", value_delimiter = ',',
           value_parser = clap::value_parser!(u32).range(0..=REPLICAS as i64))]
     acks: Vec<u32>,
-    /// Seconds of selling per row (above 0, at most a day).
+    /// Seconds of selling per row (above 0, at most a day). "sales/s overall" is `-` for a
+    /// row that lasted less than 1 s.
     #[arg(long, value_name = "SECONDS", default_value = "8",
           value_parser = loadtest::tool::seconds_above_zero)]
     duration: Duration,
     /// Seconds into each row at which the master is killed (from 0, less than --duration).
+    /// "sales/s before the kill" needs a kill at least 1 s in; it is `-` before that, too
+    /// few milliseconds of sales to be a rate.
     #[arg(long, value_name = "SECONDS", default_value = "2",
           value_parser = loadtest::tool::seconds_from_zero)]
     failover_after: Duration,
@@ -45,7 +49,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    loadtest::tool::exit("failover-table", run(parse_args()).await)
+    loadtest::tool::exit_after_rows("failover-table", run(parse_args()).await)
 }
 
 /// The arguments, or clap's error and exit status 2, before anything starts: for a wrong
@@ -65,7 +69,8 @@ fn parse_args() -> Args {
     args
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+/// The verdict of every row printed.
+async fn run(args: Args) -> anyhow::Result<Vec<Verdict>> {
     for note in &args.strategy.notes {
         eprintln!("failover-table: {note}");
     }
@@ -73,6 +78,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for line in table::FAILOVER_HEADER {
         println!("{line}");
     }
+    let mut verdicts = Vec::new();
     for &strategy in &args.strategy.list {
         for &acks in &args.acks {
             let topology =
@@ -87,7 +93,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 });
             let r = load.run_strategy(strategy, None).await?;
             println!("{}", table::failover_row(acks, &r));
+            verdicts.push(r.verdict);
         }
     }
-    Ok(())
+    Ok(verdicts)
 }

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use loadtest::lockbench::{self, Contender, Load};
-use loadtest::tool::seconds;
 use testkit::RedisProcess;
 
 /// Lock bench: acquire -> GET -> SET -> release, C processes, one lock.
@@ -22,12 +21,15 @@ struct Args {
     /// What to measure: `rslock`, or `<strategy>/<wait>` (`fenced/notify`), optionally with
     /// the longest tenure in milliseconds (`fenced/notify:0`: none, the plain hand-off),
     /// comma-separated.
+    // Parsed by clap, so that a wrong one is a usage error (exit 2) as in the other tools,
+    // not the exit 1 of a bench that failed.
     #[arg(
         long,
         value_delimiter = ',',
+        value_parser = contender,
         default_value = "rslock,lua-release/notify,fenced/notify,lua-release/notify:0,fenced/notify:0,lua-release/pubsub,fenced/pubsub,lua-release/spin,fenced/spin"
     )]
-    contenders: Vec<String>,
+    contenders: Vec<Contender>,
     /// Numbers of client processes (1..=1024), comma-separated.
     // Each client is a process with its own runtime and Redis connections: past a thousand
     // the machine measures its scheduler, and Redis nears its default 10000 clients.
@@ -35,11 +37,13 @@ struct Args {
           value_parser = clap::value_parser!(u64).range(1..=1024))]
     clients: Vec<u64>,
     /// Seconds each run lasts (above 0, at most a day).
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
+    #[arg(long, value_name = "SECONDS", default_value = "10",
+          value_parser = loadtest::tool::seconds_above_zero)]
+    duration: Duration,
     /// Seconds one acquire may wait before it counts as a timeout (above 0, at most a day).
-    #[arg(long, default_value_t = 10.0)]
-    wait_budget: f64,
+    #[arg(long, value_name = "SECONDS", default_value = "10",
+          value_parser = loadtest::tool::seconds_above_zero)]
+    wait_budget: Duration,
     /// Exit 1 unless every run lost no update and had no timeout (for tests).
     #[arg(long)]
     check: bool,
@@ -54,6 +58,9 @@ enum Child {
     /// One client process (spawned by the bench itself).
     #[command(hide = true)]
     Child {
+        /// The bench's pid: the client dies with it.
+        #[arg(long)]
+        parent: u32,
         #[arg(long)]
         redis: String,
         #[arg(long)]
@@ -71,8 +78,19 @@ enum Child {
     },
 }
 
+/// A `--contenders` entry, as clap's `value_parser`: the refusal names what is valid.
+fn contender(text: &str) -> Result<Contender, String> {
+    Contender::parse(text).map_err(|e| format!("{e:#}"))
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Child::Child { parent, .. }) = &args.child
+        && let Err(e) = lockbench::die_with_parent(*parent)
+    {
+        eprintln!("lock-bench child: {e:#}");
+        return ExitCode::FAILURE;
+    }
     let runtime = match &args.child {
         // Each client is one small service instance, with the worker threads it is given
         // (its loop runs in a task on them, as a sale does in an instance).
@@ -118,14 +136,10 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         lockbench::client(&redis, Contender::parse(&contender)?, id, load).await?;
         return Ok(true);
     }
-    let contenders = args
-        .contenders
-        .iter()
-        .map(|c| Contender::parse(c))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let contenders = args.contenders;
     let load = Load {
-        duration: seconds("--duration", args.duration, false)?,
-        wait_budget: seconds("--wait-budget", args.wait_budget, false)?,
+        duration: args.duration,
+        wait_budget: args.wait_budget,
         client_threads: args
             .client_threads
             .map_or_else(lockbench::default_client_threads, usize::from),
@@ -166,24 +180,45 @@ mod tests {
         assert_eq!(args.clients, [1, 1024]);
     }
 
-    /// The durations are refused by `run` before it starts Redis, with the flag and the
-    /// range named, where `Duration::from_secs_f64` would have panicked.
-    #[tokio::test]
-    async fn durations_that_are_no_number_of_seconds_are_refused_before_anything_starts() {
-        for (flag, bad) in [
-            ("--duration", "-1"),
-            ("--duration", "1e300"),
-            ("--duration", "0"),
-            ("--wait-budget", "nan"),
-            ("--wait-budget", "inf"),
+    /// Wrong values are usage errors of clap's (exit status 2, like the other tools'), with
+    /// the flag and what is valid named, before Redis starts: they used to be refused by
+    /// `run`, with the exit status 1 of a failed bench.
+    #[test]
+    fn wrong_values_are_usage_errors_naming_what_is_valid() {
+        let day = "valid: a number of seconds above 0, at most 86400 (a day)";
+        for (flag, bad, valid) in [
+            ("--duration", "-1", day),
+            ("--duration", "1e300", day),
+            ("--duration", "0", day),
+            ("--wait-budget", "nan", day),
+            ("--wait-budget", "inf", day),
+            (
+                "--contenders",
+                "rslock,bogus",
+                "expected rslock or <strategy>/<wait>, <wait> one of notify, pubsub, spin",
+            ),
+            (
+                "--contenders",
+                "fenced/bogus",
+                "valid: notify, pubsub, spin",
+            ),
+            ("--contenders", "fenced/notify:5000", "0 to 1000"),
         ] {
-            let args = Args::try_parse_from(["lock-bench".into(), format!("{flag}={bad}")])
-                .expect("an f64 parses");
-            let refusal = run(args).await.expect_err(bad).to_string();
-            assert!(
-                refusal.starts_with(flag) && refusal.contains("above 0, at most 86400"),
-                "{refusal}"
-            );
+            let refusal = Args::try_parse_from(["lock-bench".into(), format!("{flag}={bad}")])
+                .expect_err(bad);
+            assert_eq!(refusal.exit_code(), 2, "{flag} {bad}");
+            let said = refusal.to_string();
+            assert!(said.contains(flag) && said.contains(valid), "{said}");
         }
+        let args =
+            Args::try_parse_from(["lock-bench", "--contenders", "rslock,fenced/notify:0"]).unwrap();
+        assert_eq!(
+            args.contenders
+                .iter()
+                .map(|c| c.label())
+                .collect::<Vec<_>>(),
+            ["rslock", "fenced/notify:0"]
+        );
+        assert_eq!(args.duration, Duration::from_secs(10));
     }
 }

@@ -29,8 +29,10 @@ struct Args {
     attempts: u32,
     #[command(flatten)]
     inventory: loadtest::tool::InventoryBin,
-    /// Also write one HTML page with a picture of each run (inline SVG, nothing fetched);
-    /// its directory is created if missing.
+    /// Also write one HTML page with a picture of each run (inline SVG, nothing fetched),
+    /// once every run is done; its directory is created if missing. Checked before anything
+    /// starts: a file that cannot be written is refused with exit status 2. Runs that fail
+    /// write no page, and leave an existing one as it was.
     #[arg(long, value_name = "FILE.html")]
     report: Option<std::path::PathBuf>,
     /// List the scenarios and exit.
