@@ -310,7 +310,8 @@ impl Metrics {
 
         out.push_str(
             "# HELP inventory_sales_replayed_total Answers replayed for a repeated \
-             Idempotency-Key (not counted in inventory_sales_total), by strategy and outcome.\n",
+             Idempotency-Key (not counted in inventory_sales_total), by outcome and strategy: \
+             the strategy that sold, for a sale; the one the retry asked for, for a sold_out.\n",
         );
         out.push_str("# TYPE inventory_sales_replayed_total counter\n");
         for (strategy, row) in Strategy::ALL.iter().zip(&self.replays) {

@@ -251,7 +251,11 @@ impl Seller {
     fn count(&self, strategy: Strategy, outcome: &Result<Completed, SaleError>) {
         let metrics = self.store().metrics();
         match outcome {
-            Ok(Completed { replayed: true, .. }) => metrics.replay(strategy, true),
+            // Under the strategy that sold, as its body says (a retry may name another).
+            Ok(Completed {
+                replayed: true,
+                sold,
+            }) => metrics.replay(sold.strategy.parse().unwrap_or(strategy), true),
             Err(SaleError::SoldOut { replayed: true }) => metrics.replay(strategy, false),
             Ok(_) => metrics.sale(strategy, Outcome::Sold),
             Err(e) => metrics.sale(strategy, e.outcome()),

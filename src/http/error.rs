@@ -94,8 +94,6 @@ fn query_hint(text: &str) -> Option<String> {
              reenter (true or false), each at most once",
             crate::strategy::Strategy::accepted_names().join(", ")
         ))
-    } else if text.contains("work_ms") {
-        Some("work_ms is a whole number of milliseconds, from 0 up to MAX_WORK_MS (2000 unless configured)".into())
     } else if text.contains("reenter") {
         Some("reenter is true or false".into())
     } else if text.contains("strategy") {
@@ -271,8 +269,9 @@ impl ApiError {
                     SaleError::OutcomeUnknown(_) => (
                         StatusCode::GATEWAY_TIMEOUT,
                         "the sale's write was sent to Redis but never confirmed: it may have \
-                         sold. Retry with the same Idempotency-Key to learn the outcome, or \
-                         read GET /inventory/audit"
+                         sold. A sale sent with an Idempotency-Key learns the outcome by a \
+                         retry with the same key; without one, a retry may buy a second unit \
+                         (GET /inventory/audit counts the sales)"
                             .into(),
                     ),
                     SaleError::NotReplicated {
@@ -297,7 +296,8 @@ impl ApiError {
                             "the sale was written on the Redis master, but {acked} of the \
                              {wanted} replicas REPLICA_ACKS asks for acknowledged it within \
                              REPLICA_ACK_TIMEOUT_MS: it may or may not survive a failover. \
-                             Retry with the same Idempotency-Key to learn which"
+                             A sale sent with an Idempotency-Key learns which by a retry with \
+                             the same key"
                         ),
                     ),
                     SaleError::UnknownItem => (

@@ -49,8 +49,10 @@ pub struct SaleQuery {
     pub strategy: Option<String>,
     /// Simulated business time, in ms, spent holding the lock between reading the stock and
     /// writing it (0 up to `MAX_WORK_MS`, 2000 unless configured).
-    #[param(minimum = 0, maximum = 60000, example = 0)]
-    pub work_ms: Option<u64>,
+    // Text, parsed in `into_request`: a value that is not a whole number is then refused
+    // naming this instance's `MAX_WORK_MS`, not the default one.
+    #[param(value_type = Option<u64>, minimum = 0, maximum = 60000, example = 0)]
+    pub work_ms: Option<String>,
     /// Acquire the same lock a second time, nested, before writing.
     #[param(example = false)]
     pub reenter: Option<bool>,
@@ -103,14 +105,24 @@ impl SaleQuery {
                  start it with LOCK_NODES=redis://host:port,redis://host:port,redis://host:port"
             )));
         }
-        let max_work = app.max_work;
-        let work_ms = self.work_ms.unwrap_or(0);
-        let max = max_work.as_millis() as u64;
-        if work_ms > max.min(MAX_WORK_MS) {
-            return Err(ApiError::BadRequest(format!(
-                "work_ms must be between 0 and {max} (MAX_WORK_MS), got {work_ms}"
-            )));
-        }
+        let max = (app.max_work.as_millis() as u64).min(MAX_WORK_MS);
+        let work_ms = match self.work_ms.as_deref() {
+            None => 0,
+            Some(text) => match text.parse::<u64>() {
+                Ok(ms) if ms <= max => ms,
+                Ok(ms) => {
+                    return Err(ApiError::BadRequest(format!(
+                        "work_ms must be between 0 and {max} (MAX_WORK_MS), got {ms}"
+                    )));
+                }
+                Err(_) => {
+                    return Err(ApiError::BadRequest(format!(
+                        "work_ms is a whole number of milliseconds, from 0 up to {max} \
+                         (MAX_WORK_MS), got {text:?}"
+                    )));
+                }
+            },
+        };
         Ok(SaleRequest {
             strategy,
             work: Duration::from_millis(work_ms),

@@ -141,6 +141,20 @@ async fn bad_input_gets_400_naming_the_valid_values_and_changes_nothing() {
         range.body["message"].as_str().unwrap().contains("60000"),
         "{range:?}"
     );
+    // One that is no whole number names this instance's bound too (it named the default).
+    for query in [
+        "work_ms=-1",
+        "work_ms=abc",
+        "work_ms=1e2",
+        "work_ms=99999999999999999999",
+    ] {
+        let reply = app.sale(query).await;
+        let message = reply.body["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("60000") && message.contains("MAX_WORK_MS"),
+            "{query}: {message}"
+        );
+    }
 
     // Every body that is not an object with a whole stock in range is refused, and the
     // message says what would do, whatever shape the mistake takes.
