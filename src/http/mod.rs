@@ -145,9 +145,57 @@ async fn sale_allows_no_head(
 /// `work_ms` up to `max_work_ms`.
 pub fn openapi(max_work_ms: u64) -> utoipa::openapi::OpenApi {
     let mut api = api_router().into_openapi();
-    set_max_work(&mut api, max_work_ms);
-    document_body_limit(&mut api);
+    complete_document(&mut api, max_work_ms);
     api
+}
+
+/// What the routes' own annotations cannot say: the configured `work_ms` ceiling, the 413
+/// every route answers, and the headers every answer carries.
+fn complete_document(api: &mut utoipa::openapi::OpenApi, max_work_ms: u64) {
+    set_max_work(api, max_work_ms);
+    document_body_limit(api);
+    document_common_headers(api);
+}
+
+/// Every answer carries `X-Instance` and `X-Request-Id` (set by the outermost layers): the
+/// document listed neither, and a client generated from it could not read them.
+fn document_common_headers(api: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::header::HeaderBuilder;
+    use utoipa::openapi::{ObjectBuilder, RefOr, Type};
+    let header = |description: &str| {
+        HeaderBuilder::new()
+            .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+            .description(Some(description))
+            .build()
+    };
+    let instance = header("The instance that answered (`INSTANCE_NAME`), on every answer");
+    let request_id = header(
+        "The request's id: the client's or nginx's `X-Request-Id` if it sent a usable one, \
+         else a new one; in every log line of the request",
+    );
+    let operations = api.paths.paths.values_mut().flat_map(|item| {
+        [
+            item.get.as_mut(),
+            item.put.as_mut(),
+            item.post.as_mut(),
+            item.delete.as_mut(),
+            item.patch.as_mut(),
+        ]
+    });
+    for operation in operations.flatten() {
+        for response in operation.responses.responses.values_mut() {
+            if let RefOr::T(response) = response {
+                response
+                    .headers
+                    .entry("X-Instance".to_owned())
+                    .or_insert_with(|| RefOr::T(instance.clone()));
+                response
+                    .headers
+                    .entry("X-Request-Id".to_owned())
+                    .or_insert_with(|| RefOr::T(request_id.clone()));
+            }
+        }
+    }
 }
 
 /// Every route answers 413 to a body over the limit (the limit is the whole router's): the
@@ -211,8 +259,7 @@ pub fn app(state: AppState, instance: &str) -> anyhow::Result<Router> {
     let instance = HeaderValue::from_str(instance)
         .map_err(|_| anyhow::anyhow!("instance name {instance:?} cannot be sent in a header"))?;
     let (router, mut api) = api_router().split_for_parts();
-    set_max_work(&mut api, state.max_work.as_millis() as u64);
-    document_body_limit(&mut api);
+    complete_document(&mut api, state.max_work.as_millis() as u64);
     let body_timeout = RequestBodyTimeoutLayer::new(state.body_timeout);
     Ok(router
         // The item path with an empty id, which no `{item}` route matches: a malformed

@@ -687,7 +687,7 @@ async fn lock_nodes_naming_one_server_twice_are_refused_or_said_at_start() {
 /// Every route refuses a body over 16 KiB with 413, before it does anything, and the OpenAPI
 /// document lists that answer for every operation (only those that take a body listed it).
 #[tokio::test(flavor = "multi_thread")]
-async fn every_documented_operation_answers_and_documents_413_for_a_body_over_the_limit() {
+async fn every_documented_operation_answers_and_documents_413_and_its_headers() {
     let redis = RedisServer::start().await;
     let app = InstanceBuilder::new(&redis, "app1").start().await;
     app.reset(5).await;
@@ -710,6 +710,20 @@ async fn every_documented_operation_answers_and_documents_413_for_a_body_over_th
                 operation["responses"].get("413").is_some(),
                 "{method} {path} does not document its 413"
             );
+            // Every answer carries these two headers, and every documented answer says so.
+            for header in ["x-instance", "x-request-id"] {
+                assert!(
+                    sent.headers().contains_key(header),
+                    "{method} {path}: {header}"
+                );
+            }
+            for (status, response) in operation["responses"].as_object().expect("responses") {
+                let headers = &response["headers"];
+                assert!(
+                    headers.get("X-Instance").is_some() && headers.get("X-Request-Id").is_some(),
+                    "{method} {path} {status}: {headers}"
+                );
+            }
             checked += 1;
         }
     }
