@@ -157,6 +157,25 @@ fn complete_document(api: &mut utoipa::openapi::OpenApi, max_work_ms: u64) {
     document_common_headers(api);
 }
 
+/// Every operation of the document.
+fn operations(
+    api: &mut utoipa::openapi::OpenApi,
+) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    api.paths
+        .paths
+        .values_mut()
+        .flat_map(|item| {
+            [
+                item.get.as_mut(),
+                item.put.as_mut(),
+                item.post.as_mut(),
+                item.delete.as_mut(),
+                item.patch.as_mut(),
+            ]
+        })
+        .flatten()
+}
+
 /// Every answer carries `X-Instance` and `X-Request-Id` (set by the outermost layers): the
 /// document listed neither, and a client generated from it could not read them.
 fn document_common_headers(api: &mut utoipa::openapi::OpenApi) {
@@ -173,16 +192,7 @@ fn document_common_headers(api: &mut utoipa::openapi::OpenApi) {
         "The request's id: the client's or nginx's `X-Request-Id` if it sent a usable one, \
          else a new one; in every log line of the request",
     );
-    let operations = api.paths.paths.values_mut().flat_map(|item| {
-        [
-            item.get.as_mut(),
-            item.put.as_mut(),
-            item.post.as_mut(),
-            item.delete.as_mut(),
-            item.patch.as_mut(),
-        ]
-    });
-    for operation in operations.flatten() {
+    for operation in operations(api) {
         for response in operation.responses.responses.values_mut() {
             if let RefOr::T(response) = response {
                 response
@@ -212,16 +222,7 @@ fn document_body_limit(api: &mut utoipa::openapi::OpenApi) {
                 .build(),
         )
         .build();
-    let operations = api.paths.paths.values_mut().flat_map(|item| {
-        [
-            item.get.as_mut(),
-            item.put.as_mut(),
-            item.post.as_mut(),
-            item.delete.as_mut(),
-            item.patch.as_mut(),
-        ]
-    });
-    for operation in operations.flatten() {
+    for operation in operations(api) {
         operation
             .responses
             .responses

@@ -168,16 +168,7 @@ impl Cluster {
             u64::try_from(REBUILD_AFTER.max(2 * self.timeout).as_millis()).unwrap_or(u64::MAX);
         let now = self.watch.now();
         let answered = self.watch.answered.load(Ordering::Relaxed);
-        let rebuilt = self.watch.rebuilt.load(Ordering::Relaxed);
-        // One caller claims the rebuild: the others see `rebuilt` moved and return.
-        if now.saturating_sub(answered) < bound
-            || now.saturating_sub(rebuilt) < bound
-            || self
-                .watch
-                .rebuilt
-                .compare_exchange(rebuilt, now, Ordering::AcqRel, Ordering::Relaxed)
-                .is_err()
-        {
+        if now.saturating_sub(answered) < bound || !self.claim_rebuild(now, bound) {
             return;
         }
         let silent = Duration::from_millis(now.saturating_sub(answered));
@@ -195,18 +186,21 @@ impl Cluster {
     /// [`REBUILD_REFUSED`]), and the new one reads the slot map afresh from the seeds.
     pub fn refused(&self) {
         let bound = u64::try_from(REBUILD_REFUSED.as_millis()).unwrap_or(u64::MAX);
-        let now = self.watch.now();
+        if self.claim_rebuild(self.watch.now(), bound) {
+            self.rebuild("a call was refused with CLUSTERDOWN");
+        }
+    }
+
+    /// Whether this caller may replace the connection at `now`: none was replaced within
+    /// `bound`, and no other caller claimed it first (they see `rebuilt` moved and return).
+    fn claim_rebuild(&self, now: u64, bound: u64) -> bool {
         let rebuilt = self.watch.rebuilt.load(Ordering::Relaxed);
-        if now.saturating_sub(rebuilt) < bound
-            || self
+        now.saturating_sub(rebuilt) >= bound
+            && self
                 .watch
                 .rebuilt
                 .compare_exchange(rebuilt, now, Ordering::AcqRel, Ordering::Relaxed)
-                .is_err()
-        {
-            return;
-        }
-        self.rebuild("a call was refused with CLUSTERDOWN");
+                .is_ok()
     }
 
     fn rebuild(&self, why: &str) {
