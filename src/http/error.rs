@@ -94,6 +94,10 @@ fn query_hint(text: &str) -> Option<String> {
              reenter (true or false), each at most once",
             crate::strategy::Strategy::accepted_names().join(", ")
         ))
+    } else if text.contains("work_ms") {
+        // Its value is parsed by the sale, which names the configured ceiling; serde
+        // complains here only of a work_ms given twice.
+        Some("give work_ms once, a whole number of milliseconds from 0 up to MAX_WORK_MS".into())
     } else if text.contains("reenter") {
         Some("reenter is true or false".into())
     } else if text.contains("strategy") {
