@@ -166,6 +166,9 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
             Ok(Err(e)) if e.code() == Some("READONLY") => {
                 Some("is a read-only replica (READONLY), which refuses every vote".to_owned())
             }
+            Ok(Err(e)) if let Some(why) = crate::store::write_refusal(e) => {
+                Some(format!("refuses writes, and so every vote: {why}"))
+            }
             Ok(Err(e)) => Some(format!("failed: {}", e.category())),
             Err(_) => Some(format!("no answer within {} ms", bound.as_millis())),
         })
@@ -231,5 +234,7 @@ async fn ping_twice(node: &crate::store::Store) -> redis::RedisResult<()> {
             "a read-only replica",
         )));
     }
-    Ok(())
+    // So does a node that refuses writes (NOREPLICAS, OOM, MISCONF): it refuses every vote
+    // too, and `/ready` listed it `ok` while every quorum sale answered 503.
+    node.writable().await
 }

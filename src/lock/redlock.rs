@@ -239,7 +239,11 @@ pub(super) fn quorum_lost(down: usize, n: usize, first: Option<&RedisError>) -> 
     // A node that answered with a refusal (a replica's READONLY, a wrong password) is down
     // for the lock too, and its own words say why better than "refused the connection".
     let said = first
-        .filter(|e| e.code().is_some() || crate::store::is_auth_error(e))
+        .filter(|e| {
+            e.code().is_some()
+                || crate::store::is_auth_error(e)
+                || crate::store::write_refusal(e).is_some()
+        })
         .map(|e| format!(" (one answered: {e})"))
         .unwrap_or_default();
     RedisError::from(std::io::Error::new(

@@ -434,6 +434,66 @@ async fn lock_nodes_that_are_replicas_are_not_ready_and_the_refusal_says_readonl
     }
 }
 
+/// Lock nodes that answer `PING` but refuse writes (`min-replicas-to-write` unmet, full memory
+/// under `noeviction`) refuse every vote: `/ready` listed them `ok` and answered 200 while
+/// every quorum sale answered 503 "refused or dropped the connection" (from outside). Now
+/// `/ready` names them and why, the sale's 503 quotes a node's refusal, and both are back
+/// once the nodes take writes.
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_nodes_that_refuse_writes_are_not_ready_and_the_refusal_says_why() {
+    let (_redis, nodes, app) = with_three_nodes(|b| b).await;
+    app.reset(5).await;
+    let set = |node: &RedisServer, name: &'static str, value: &'static str| {
+        let node = node.url();
+        async move {
+            let client = redis::Client::open(node).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    };
+    for (setting, refusing, taking, named) in [
+        ("min-replicas-to-write", "1", "0", "too few replicas"),
+        ("maxmemory", "1", "0", "out of memory"),
+    ] {
+        for node in &nodes[1..] {
+            set(node, setting, refusing).await;
+        }
+        let ready = app.get("/ready").await;
+        assert_eq!(ready.status, 503, "{setting}: {ready:?}");
+        let message = ready.body["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("refuses writes")
+                && message.contains(named)
+                && message.contains(&nodes[1].port().to_string()),
+            "{setting}: {message}"
+        );
+        for strategy in QUORUM_STRATEGIES {
+            let sale = app.sale(&format!("strategy={strategy}")).await;
+            assert_eq!(sale.status, 503, "{setting}, {strategy}: {sale:?}");
+            let message = sale.body["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("NOREPLICAS") || message.contains("OOM"),
+                "{setting}, {strategy}: {message}"
+            );
+        }
+        for node in &nodes[1..] {
+            set(node, setting, taking).await;
+        }
+        assert_eq!(app.get("/ready").await.status, 200, "{setting} lifted");
+        for strategy in QUORUM_STRATEGIES {
+            let sale = app.sale(&format!("strategy={strategy}")).await;
+            assert_eq!(sale.status, 200, "{setting} lifted, {strategy}: {sale:?}");
+        }
+    }
+    assert_eq!(app.audit().await["sales"], 4);
+}
+
 /// A quorum sale whose write to the stock's Redis was sent and never confirmed (504) leaves
 /// the quorum lock to its lease instead of releasing it: the lock nodes are other servers,
 /// and a release there let the next holder read and write before the held write landed
