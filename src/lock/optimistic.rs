@@ -135,15 +135,16 @@ async fn attempt(
         }
     }
     let keys = &store.keys;
-    let mut watched: Vec<&str> = vec![
+    let watched: [&str; 4] = [
         &keys.stock,
         &keys.lockfree_writes,
         &keys.single_node_writes,
         &keys.quorum_writes,
     ];
-    if let Some(claim) = entry.claim {
-        watched.push(&claim.key);
-    }
+    // Not the idempotency claim: the EXEC body checks that the claim is still this sale's
+    // (`sell.lua`), and the attempt itself extends the claim's lease while it runs, which a
+    // WATCH counts as a change: every keyed attempt longer than one extension (1.7 s) was
+    // refused by its own keeper, and answered `too_much_contention` with nobody else selling.
     // One round trip: WATCH, then the read it guards.
     let mut read = redis::pipe();
     read.cmd("WATCH").arg(&watched).ignore().get(&keys.stock);

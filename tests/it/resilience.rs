@@ -695,7 +695,8 @@ async fn a_keyed_sale_that_outlasts_its_claims_lease_keeps_the_key_and_sells_onc
         .start()
         .await;
     app.reset(5).await;
-    for strategy in ["watchdog", "atomic"] {
+    // `optimistic` watched the claim's key, so the claim's own extensions refused its EXEC.
+    for strategy in ["watchdog", "atomic", "optimistic"] {
         let key = format!("long-{strategy}");
         let query = format!("strategy={strategy}&work_ms=7000");
         let (first, retry) = tokio::join!(app.sale_with_key(&query, &key), async {
@@ -709,7 +710,7 @@ async fn a_keyed_sale_that_outlasts_its_claims_lease_keeps_the_key_and_sells_onc
             "{strategy}: {retry:?}"
         );
     }
-    assert_eq!(app.audit().await["sales"], 2);
+    assert_eq!(app.audit().await["sales"], 3);
 }
 
 /// A sale that failed because Redis went away mid-sale answers "nothing sold, retry" (or
