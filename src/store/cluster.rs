@@ -350,16 +350,83 @@ impl Cluster {
     /// single-node commands all the same (the crate sends them on): this is where it shows,
     /// and says so.
     pub async fn state_ok(&self, slot: u16) -> RedisResult<bool> {
-        let mut conn = match self.owner(slot).await {
-            Ok(owner) => owner.conn.clone(),
-            // No master known for the slot (nor any slot map yet): whatever a node says.
-            Err(_) => return self.state_ok_anywhere().await,
-        };
+        match self.owner_state(slot).await {
+            Ok(true) => return Ok(true),
+            Err(e) if super::is_not_a_cluster(&e) => return Err(e),
+            _ => {}
+        }
+        // The map may name a master that has left the cluster since (its slots moved away,
+        // then removed and reset; from outside, an idle instance answered 503 for minutes
+        // while every sale of the item sold): read the map afresh from a node that has one,
+        // and ask the master it names. The crate's map is likely as old: renewed too.
+        if self.look_up_from_nodes().await.is_ok() {
+            match self.owner_state(slot).await {
+                Ok(true) => {
+                    self.refused();
+                    return Ok(true);
+                }
+                Ok(false) => return Ok(false),
+                Err(_) => {}
+            }
+        }
+        self.state_ok_anywhere().await
+    }
+
+    /// `CLUSTER INFO` of the master the map names for `slot`.
+    async fn owner_state(&self, slot: u16) -> RedisResult<bool> {
+        let mut conn = self.owner(slot).await?.conn.clone();
         let info: RedisResult<String> = redis::cmd("CLUSTER")
             .arg("INFO")
             .query_async(&mut conn)
             .await;
         Self::cluster_state(info)
+    }
+
+    /// The slot map from the first node that has one: each known master, then each seed. A
+    /// node outside the cluster (reset) answers with no slots, and is passed over; the
+    /// crate's connection would ask a node of its own choosing, that one perhaps.
+    async fn look_up_from_nodes(&self) -> RedisResult<()> {
+        let mut clients: Vec<Client> = self
+            .nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|backend| backend.client.clone())
+            .collect();
+        clients.extend(
+            self.seeds
+                .0
+                .iter()
+                .filter_map(|url| Client::open(url.as_str()).ok()),
+        );
+        let mut last = None;
+        for client in clients {
+            let asked = tokio::time::timeout(self.timeout, async {
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<redis::Value>(&mut conn)
+                    .await
+            })
+            .await;
+            match asked {
+                Ok(Ok(reply)) => {
+                    let ranges = parse_slots(&reply);
+                    if !ranges.is_empty() {
+                        *self.slots.write().unwrap_or_else(|p| p.into_inner()) = ranges;
+                        return Ok(());
+                    }
+                }
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => {}
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+                "no cluster node answered with a slot map",
+            ))
+        }))
     }
 
     /// `CLUSTER INFO` of a node the crate picks, when no master is known for the slot.

@@ -702,11 +702,35 @@ async fn an_item_whose_slot_was_on_a_node_since_removed_sells_again_at_once() {
         let reply = sell(app, item, "strategy=atomic").await;
         assert_eq!(reply.status, 200, "on the new master: {reply:?}");
     }
+    // The default item's slot too, and an instance started meanwhile: its own map names the
+    // new master for it, and it stays idle (no sale to renew its view).
+    let default_slot = hash_slot("{001}");
+    let default_home = setup.cluster.master_for_slot(default_slot).await;
+    if default_slot != slot {
+        setup
+            .cluster
+            .migrate_slot(default_slot, &default_home, &extra, Migration::Finish)
+            .await;
+    }
+    let idle = InstanceBuilder::on_cluster(&setup.cluster, &setup._nodes, "app3")
+        .start()
+        .await;
+    assert_eq!(idle.get("/ready").await.status, 200);
     setup
         .cluster
         .migrate_slot(slot, &extra, &home, Migration::Finish)
         .await;
+    if default_slot != slot {
+        setup
+            .cluster
+            .migrate_slot(default_slot, &extra, &default_home, Migration::Finish)
+            .await;
+    }
     setup.cluster.remove_node(&extra).await;
+    for _ in 0..20 {
+        let ready = idle.get("/ready").await;
+        assert_eq!(ready.status, 200, "the idle instance: {ready:?}");
+    }
     // Readiness first: a sale refused by the removed node renews the client's view.
     for app in &setup.apps {
         for _ in 0..20 {
