@@ -85,6 +85,11 @@ pub enum SaleError {
     StaleFence { token: u64, newest: u64 },
     /// Another attempt with the same `Idempotency-Key` is running.
     InProgress,
+    /// This attempt's claim on its `Idempotency-Key` was gone when it wrote (it ran out while
+    /// the instance was paused, or Redis was away, longer than its lease), and the key holds
+    /// nothing since: it sold nothing, and a retry with the key may sell. Said as
+    /// `in_progress`, whose advice (retry with the same key) holds, in words that are true.
+    ClaimLost,
     /// A writer that takes no lock (an `atomic` sale or a reset) changed the stock between
     /// this sale's read and its write.
     StockChanged,
@@ -121,7 +126,7 @@ impl SaleError {
             SaleError::LockTimeout { .. } => Outcome::LockTimeout,
             SaleError::LockLost => Outcome::LockLost,
             SaleError::StaleFence { .. } => Outcome::StaleFence,
-            SaleError::InProgress => Outcome::InProgress,
+            SaleError::InProgress | SaleError::ClaimLost => Outcome::InProgress,
             SaleError::StockChanged => Outcome::StockChanged,
             SaleError::UnknownItem => Outcome::UnknownItem,
             SaleError::TooMuchContention { .. } => Outcome::TooMuchContention,
@@ -305,6 +310,21 @@ impl Seller {
         };
         // The attempt is over: what its claim becomes is the settle's, or the write's.
         drop(keeper);
+        let outcome = match (&attempt.claim, outcome) {
+            // Its claim ran out under it: what the key holds now is the truth for its client
+            // (a retry's sale, replayed), not "still in progress" (from outside: a frozen
+            // attempt that woke answered that while a retry had sold, or nothing held the key).
+            (Some(claim), Err(SaleError::ClaimLost)) => {
+                match item.store().claim_holds(&claim.key).await {
+                    Ok(Some(prior)) => {
+                        return replay(idempotency::parse(&prior));
+                    }
+                    Ok(None) => Err(SaleError::ClaimLost),
+                    Err(_) => Err(SaleError::InProgress),
+                }
+            }
+            (_, outcome) => outcome,
+        };
         if let (Some(claim), Err(e)) = (&attempt.claim, &outcome) {
             self.settle(item.store(), claim, e).await;
         }
@@ -361,7 +381,7 @@ impl Seller {
             // The sale script stored its outcome under the key with the write: a retry
             // replays it if the write survives, and sells afresh if a failover lost both.
             SaleError::NotReplicated { written: true, .. } => return,
-            SaleError::InProgress => return,
+            SaleError::InProgress | SaleError::ClaimLost => return,
             SaleError::OutcomeUnknown(_) => return settle_when_redis_answers(store, claim, None),
         };
         if let Err(e) = store.settle(claim, keep).await {
@@ -560,7 +580,7 @@ impl Seller {
                 token: fence.unwrap_or(0),
                 newest,
             }),
-            Recorded::ClaimLost => Err(SaleError::InProgress),
+            Recorded::ClaimLost => Err(SaleError::ClaimLost),
             Recorded::StockChanged => Err(SaleError::StockChanged),
             Recorded::Overtaken => Err(SaleError::LockLost),
             Recorded::Unstocked => Err(SaleError::UnknownItem),

@@ -262,6 +262,13 @@ impl ApiError {
                          is not known yet); retry later with the same key"
                             .into(),
                     ),
+                    SaleError::ClaimLost => (
+                        StatusCode::CONFLICT,
+                        "this sale's hold on its Idempotency-Key ran out before it wrote (its \
+                         instance was paused, or Redis away, longer than the hold's lease): it \
+                         sold nothing, and nothing holds the key now; retry with the same key"
+                            .into(),
+                    ),
                     SaleError::StockChanged => (
                         StatusCode::CONFLICT,
                         "a writer that does not take this lock (an atomic or optimistic sale, a \

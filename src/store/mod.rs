@@ -1525,6 +1525,12 @@ impl Store {
         })
     }
 
+    /// What an idempotency key holds now (a marker, a sale, `sold_out`), if anything.
+    pub async fn claim_holds(&self, key: &str) -> RedisResult<Option<String>> {
+        self.call(|mut c| async move { redis::cmd("GET").arg(key).query_async(&mut c).await })
+            .await
+    }
+
     /// Extends the lease of `claim`'s marker while the key still holds it: `false` once it
     /// does not (the sale replaced it, a settle freed it, or it ran out and a retry took it).
     pub async fn extend_claim(&self, claim: &Claim) -> RedisResult<bool> {

@@ -663,18 +663,50 @@ async fn a_retry_sells_once_the_instance_holding_its_key_died_or_froze() {
             stopped.elapsed()
         );
         if signal == "STOP" {
+            // It wakes, writes nothing, and tells its client what the key holds: the retry's
+            // sale (it said "still in progress").
             app.signal("CONT").await;
             let original = original.await.unwrap().unwrap();
-            assert_ne!(
-                original.status().as_u16(),
-                200,
-                "the frozen attempt sold too: {}",
-                original.text().await.unwrap_or_default()
+            let replayed = original.headers().get("idempotent-replayed").cloned();
+            let body: serde_json::Value = original.json().await.unwrap();
+            assert_eq!(
+                replayed.as_ref().map(|v| v.as_bytes()),
+                Some(&b"true"[..]),
+                "{body}"
             );
+            assert_eq!(body["order_id"], retry.body["order_id"], "{body}");
         } else {
             original.abort();
         }
     }
+    // Frozen past the claim's lease with nobody retrying: it wakes to a key that holds
+    // nothing, sells nothing, and says so.
+    let key = "held-by-the-frozen-alone";
+    let original = tokio::spawn(
+        testkit::fixture::client()
+            .post(freezing.url("/inventory/sale?strategy=atomic&work_ms=1000"))
+            .header("idempotency-key", key)
+            .send(),
+    );
+    let claimed = redis
+        .wait_for_key(&keys.idempotency(key), true, Duration::from_secs(5))
+        .await;
+    assert!(claimed.is_some(), "{key}: never claimed");
+    freezing.signal("STOP").await;
+    let gone = redis
+        .wait_for_key(&keys.idempotency(key), false, Duration::from_secs(10))
+        .await;
+    freezing.signal("CONT").await;
+    assert!(gone.is_some(), "the frozen attempt's claim never ran out");
+    let original = original.await.unwrap().unwrap();
+    assert_eq!(original.status().as_u16(), 409);
+    let body: serde_json::Value = original.json().await.unwrap();
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("sold nothing")),
+        "{body}"
+    );
     let audit = retrying.audit().await;
     assert_eq!(audit["sales"], 2, "{audit}");
     assert_eq!(retrying.get("/inventory").await.body["stock"], 8);
