@@ -11,7 +11,9 @@ const STOCK: &str = "#a0aec0";
 /// Neither safe nor oversold: the run proved nothing.
 const UNSURE: &str = "#b7791f";
 
-pub fn render(plan: &Plan, reports: &[StrategyReport]) -> String {
+/// The page for `reports`; `timed_s` is a timed run's length (`--duration`), whose requests
+/// are as many as the time allowed, not `plan.requests`.
+pub fn render(plan: &Plan, reports: &[StrategyReport], timed_s: Option<f64>) -> String {
     let items = reports.iter().map(|r| r.items).max().unwrap_or(1);
     let mut page = String::new();
     let _ = write!(
@@ -22,58 +24,84 @@ pub fn render(plan: &Plan, reports: &[StrategyReport]) -> String {
 body {{ font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 980px; color: #1a202c; padding: 0 1rem; }}
 h1 {{ font-size: 1.5rem; margin-bottom: .2rem; }} .sub {{ color: #4a5568; margin-top: 0; }}
 h2 {{ font-size: 1.1rem; margin-top: 2.2rem; }}
-table {{ border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }}
-th, td {{ padding: .3rem .5rem; border-bottom: 1px solid #e2e8f0; text-align: right; }}
+table {{ border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; font-size: 13px; }}
+th, td {{ padding: .3rem .35rem; border-bottom: 1px solid #e2e8f0; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }}
 .SAFE {{ color: {SAFE}; font-weight: 600; }} .OVERSOLD {{ color: {BAD}; font-weight: 600; }} .INCONCLUSIVE {{ color: {UNSURE}; font-weight: 600; }}
 svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
 .legend span {{ display: inline-block; width: .8rem; height: .8rem; margin: 0 .3rem 0 1rem; vertical-align: -1px; }}
 </style></head><body>
 <h1>inventory load test</h1>
-<p class="sub">{requests} sales requested per strategy against a stock of {stock}{each}, {concurrency} at a time,
+<p class="sub">{what}, {concurrency} at a time,
 {work} ms of work inside the lock, through <code>{target}</code>.</p>
 "#,
-        requests = plan.requests,
-        stock = plan.stock,
-        each = match items {
-            1 => String::new(),
-            n => format!(" on each of {n} items"),
-        },
+        what = what_was_done(plan, reports, items, timed_s),
         concurrency = plan.concurrency,
         work = plan.work_ms,
         target = escape(&plan.target),
     );
 
-    let _ = write!(
-        page,
-        r#"<h2>Items sold against the stock</h2>
+    if timed_s.is_some() {
+        // A timed run's stock never runs out: drawn against it, every strategy's sales are a
+        // sliver and its lost updates invisible. Drawn against one another instead.
+        let _ = write!(
+            page,
+            r#"<h2>Sales, and the sales lost by overwriting</h2>
+<p class="legend"><span style="background:{SAFE}"></span>sold, safe<span style="background:{BAD}"></span>sold, oversold; lost updates</p>
+"#
+        );
+        let max = reports
+            .iter()
+            .map(|r| r.sold.max(r.lost_updates.max(0) as u64))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        page.push_str(&bars(reports, max as f64, |r| {
+            vec![
+                (
+                    r.sold as f64,
+                    verdict_color(r).to_owned(),
+                    format!("{} sold", r.sold),
+                ),
+                (
+                    r.lost_updates.max(0) as f64,
+                    BAD.to_owned(),
+                    format!("{} lost updates", r.lost_updates),
+                ),
+            ]
+        }));
+    } else {
+        let _ = write!(
+            page,
+            r#"<h2>Items sold against the stock</h2>
 <p class="legend"><span style="background:{STOCK}"></span>stock<span style="background:{SAFE}"></span>sold, safe<span style="background:{BAD}"></span>sold, oversold</p>
 "#
-    );
-    // With many items the stock to hold the sales against is every item's together.
-    let total_stock = |r: &StrategyReport| r.stock.max(0) as u64 * r.items.max(1) as u64;
-    let max_sold = reports
-        .iter()
-        .map(|r| r.sold.max(total_stock(r)))
-        .max()
-        .unwrap_or(1);
-    page.push_str(&bars(reports, max_sold as f64, |r| {
-        vec![
-            (
-                total_stock(r) as f64,
-                STOCK.to_owned(),
-                match r.items {
-                    0 | 1 => format!("stock {}", r.stock),
-                    n => format!("stock {} ({n} x {})", total_stock(r), r.stock),
-                },
-            ),
-            (
-                r.sold as f64,
-                verdict_color(r).to_owned(),
-                format!("{} sold", r.sold),
-            ),
-        ]
-    }));
+        );
+        // With many items the stock to hold the sales against is every item's together.
+        let total_stock = |r: &StrategyReport| r.stock.max(0) as u64 * r.items.max(1) as u64;
+        let max_sold = reports
+            .iter()
+            .map(|r| r.sold.max(total_stock(r)))
+            .max()
+            .unwrap_or(1);
+        page.push_str(&bars(reports, max_sold as f64, |r| {
+            vec![
+                (
+                    total_stock(r) as f64,
+                    STOCK.to_owned(),
+                    match r.items {
+                        0 | 1 => format!("stock {}", r.stock),
+                        n => format!("stock {} ({n} x {})", total_stock(r), r.stock),
+                    },
+                ),
+                (
+                    r.sold as f64,
+                    verdict_color(r).to_owned(),
+                    format!("{} sold", r.sold),
+                ),
+            ]
+        }));
+    }
 
     if items > 1 {
         let _ = write!(
@@ -87,14 +115,30 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
         }
     }
 
-    page.push_str("<h2>Throughput (requests per second)</h2>\n");
-    let max_rps = reports.iter().map(|r| r.throughput_rps).fold(1.0, f64::max);
+    // Requests per second say nothing about how fast a lock sells: a refusal is a request
+    // too, and a fast one. Sales per second beside them.
+    page.push_str(
+        r##"<h2>Throughput (per second)</h2>
+<p class="legend"><span style="background:#3182ce"></span>requests<span style="background:#2c7a7b"></span>sales (200s)</p>
+"##,
+    );
+    let max_rps = reports
+        .iter()
+        .map(|r| r.throughput_rps.max(r.sales_per_s))
+        .fold(1.0, f64::max);
     page.push_str(&bars(reports, max_rps, |r| {
-        vec![(
-            r.throughput_rps,
-            "#3182ce".to_owned(),
-            format!("{:.0} req/s", r.throughput_rps),
-        )]
+        vec![
+            (
+                r.throughput_rps,
+                "#3182ce".to_owned(),
+                format!("{:.0} req/s", r.throughput_rps),
+            ),
+            (
+                r.sales_per_s,
+                "#2c7a7b".to_owned(),
+                format!("{:.0} sales/s", r.sales_per_s),
+            ),
+        ]
     }));
 
     page.push_str(
@@ -124,9 +168,10 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
     }));
 
     page.push_str(
-        "<h2>Numbers</h2>\n<table><tr><th>strategy</th><th>sold</th><th>sold out</th><th>refused</th>\
-         <th>errors</th><th>oversold</th><th>lost updates</th><th>duplicates</th><th>split</th>\
-         <th>req/s</th><th>p50</th><th>p90</th><th>p99</th><th>verdict</th></tr>\n",
+        "<h2>Numbers</h2>\n<table><tr><th>strategy</th><th>verdict</th><th>requests</th><th>sold</th>\
+         <th>sold out</th><th>refused</th><th>errors</th><th>oversold</th><th>lost updates</th>\
+         <th>duplicates</th><th>split</th><th>req/s</th><th>sales/s</th><th>p50</th><th>p90</th>\
+         <th>p99</th></tr>\n",
     );
     for r in reports {
         let split = r
@@ -136,12 +181,14 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
             .collect::<Vec<_>>()
             .join(", ");
         let verdict = r.verdict;
+        // The verdict next to the name: the last of many columns is the first cut off.
         let _ = writeln!(
             page,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{split}</td><td>{:.0}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td>\
-             <td class=\"{verdict}\">{verdict}</td></tr>",
+            "<tr><td>{}</td><td class=\"{verdict}\">{verdict}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{split}</td><td>{:.0}</td>\
+             <td>{:.0}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td></tr>",
             escape(&r.strategy),
+            r.requests,
             r.sold,
             r.sold_out,
             r.refused,
@@ -150,6 +197,7 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
             r.lost_updates,
             r.duplicates,
             r.throughput_rps,
+            r.sales_per_s,
             r.latency_ms.p50,
             r.latency_ms.p90,
             r.latency_ms.p99,
@@ -176,6 +224,38 @@ svg text {{ font: 12px system-ui, sans-serif; fill: #2d3748; }}
     }
     page.push_str("</body></html>\n");
     page
+}
+
+/// The header's account of the run: the requests each strategy made (a timed run's are as
+/// many as its time allowed), against which stock.
+fn what_was_done(
+    plan: &Plan,
+    reports: &[StrategyReport],
+    items: usize,
+    timed_s: Option<f64>,
+) -> String {
+    let each = match items {
+        1 => String::new(),
+        n => format!(" on each of {n} items"),
+    };
+    match timed_s {
+        Some(s) => {
+            let made: Vec<String> = reports
+                .iter()
+                .map(|r| format!("{} by {}", r.requests, escape(&r.strategy)))
+                .collect();
+            format!(
+                "Sales requested for {s} s per strategy ({} requests made) against a stock of \
+                 {}{each} that a timed run never sells out",
+                made.join(", "),
+                plan.stock
+            )
+        }
+        None => format!(
+            "{} sales requested per strategy against a stock of {}{each}",
+            plan.requests, plan.stock
+        ),
+    }
 }
 
 fn verdict_color(r: &StrategyReport) -> &'static str {
@@ -362,6 +442,7 @@ mod tests {
                 report("local", 14, Verdict::Oversold),
                 report("fenced", 10, Verdict::Safe),
             ],
+            None,
         );
         assert!(page.starts_with("<!doctype html>") && page.ends_with("</html>\n"));
         assert_eq!(
@@ -382,6 +463,39 @@ mod tests {
         );
     }
 
+    /// `--duration 4`: the header said "1000 sales requested per strategy" for runs of
+    /// 2239 and 1105 requests, the sales were drawn against a stock of 10^9 (local's lost
+    /// updates invisible), and only requests per second were shown.
+    #[test]
+    fn a_timed_run_says_what_it_did_and_shows_sales_per_second_and_lost_updates() {
+        let plan = Plan {
+            target: "http://127.0.0.1:8080".into(),
+            strategies: vec![],
+            stock: Plan::ENDLESS_STOCK,
+            requests: 1000,
+            concurrency: 32,
+            work_ms: 2,
+            admin_token: None,
+        };
+        let mut local = report("local", 20, Verdict::Oversold);
+        (local.requests, local.sold) = (2239, 2200);
+        (local.lost_updates, local.sales_per_s) = (1118, 550.0);
+        let mut fenced = report("fenced", 20, Verdict::Safe);
+        (fenced.requests, fenced.sold, fenced.sales_per_s) = (1105, 1100, 275.0);
+        let page = render(&plan, &[local, fenced], Some(4.0));
+        assert!(!page.contains("1000 sales requested"), "{page}");
+        assert!(page.contains("2239 by local, 1105 by fenced"), "{page}");
+        assert!(page.contains("for 4 s per strategy"), "{page}");
+        assert!(page.contains(&format!("fill=\"{BAD}\"><title>1118 lost updates")));
+        assert!(!page.contains("<title>stock 1000000000"), "{page}");
+        assert!(page.contains("<title>550 sales/s"), "{page}");
+        assert!(page.contains("<th>sales/s</th>"));
+        assert!(
+            page.contains(r#"<td>local</td><td class="OVERSOLD">OVERSOLD</td>"#),
+            "the verdict beside the name: {page}"
+        );
+    }
+
     #[test]
     fn an_inconclusive_run_is_neither_green_nor_red_and_says_why() {
         let mut refused = report("fenced", 0, Verdict::Inconclusive);
@@ -396,7 +510,7 @@ mod tests {
             work_ms: 5000,
             admin_token: None,
         };
-        let page = render(&plan, &[refused]);
+        let page = render(&plan, &[refused], None);
         assert!(
             page.contains(&format!("fill=\"{UNSURE}\"><title>0 sold")),
             "{page}"
@@ -446,7 +560,7 @@ mod tests {
             work_ms: 0,
             admin_token: None,
         };
-        let page = render(&plan, &[local, fenced]);
+        let page = render(&plan, &[local, fenced], None);
         assert!(page.contains("Sales per item"), "{page}");
         assert!(page.contains("a stock of 10 on each of 2 items"));
         assert_eq!(

@@ -312,7 +312,10 @@ async fn run(args: Args) -> anyhow::Result<Vec<StrategyReport>> {
         println!("{}", table::render(&reports));
     }
     if let Some(path) = &args.report {
-        loadtest::tool::write_report(path, html::render(&plan, &reports))?;
+        loadtest::tool::write_report(
+            path,
+            html::render(&plan, &reports, duration.map(|d| d.as_secs_f64())),
+        )?;
         if !args.json {
             println!("\nHTML report: {}", path.display());
         }

@@ -68,12 +68,35 @@ impl Timeline {
     fn push(&self, who: &str, what: What, fields: Map<String, Value>) {
         let at_ms = self.0.start.elapsed().as_millis() as u64;
         if let Ok(mut entries) = self.0.entries.lock() {
-            entries.push(Entry {
-                at_ms,
-                who: who.to_owned(),
-                what,
-                fields,
-            });
+            // Redis reports an expiry when it finds the key expired, often on the very `SET NX`
+            // that takes it next, and the acquire's log line may reach us first: within one
+            // millisecond, the expiry goes before the acquire it allowed.
+            let expiry = matches!(&what, What::Note(n) if n.contains("EXPIRED"));
+            let at = if expiry {
+                let same_ms = entries
+                    .iter()
+                    .rev()
+                    .take_while(|e| e.at_ms == at_ms)
+                    .count();
+                let from = entries.len() - same_ms;
+                entries[from..]
+                    .iter()
+                    .position(|e| {
+                        e.event() == Some(Event::LockAcquired) && e.text("nested") != "true"
+                    })
+                    .map_or(entries.len(), |i| from + i)
+            } else {
+                entries.len()
+            };
+            entries.insert(
+                at,
+                Entry {
+                    at_ms,
+                    who: who.to_owned(),
+                    what,
+                    fields,
+                },
+            );
         }
         self.0.changed.notify_waiters();
     }
@@ -241,6 +264,29 @@ fn describe(e: &Entry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Heard in one millisecond, an expiry and the acquire it allowed were printed acquire
+    /// first ("acquired the lock" before "the lock key EXPIRED"), the order of no cause.
+    #[test]
+    fn an_expiry_goes_before_the_acquire_it_allowed_within_one_millisecond() {
+        let timeline = Timeline::new();
+        let line = format!(
+            r#"{{"{}":"{}","strategy":"setnx-ttl","owner":"a:b:12345678","nested":false,"waited_ms":3}}"#,
+            events::FIELD,
+            Event::LockAcquired.name()
+        );
+        timeline.record_log("app2", &line);
+        timeline.note("redis", "the lock key EXPIRED");
+        let entries = timeline.entries();
+        if entries[0].at_ms != entries[1].at_ms {
+            // The clock moved between the two: there is no millisecond to order within.
+            return;
+        }
+        let rendered = timeline.render();
+        let expired = rendered.find("EXPIRED").unwrap_or(usize::MAX);
+        let acquired = rendered.find("acquired the lock").unwrap_or(0);
+        assert!(expired < acquired, "{rendered}");
+    }
 
     /// Only a release that checks its owner can find the lock another's: `setnx-ttl`'s plain
     /// `DEL` that deleted nothing found it gone, and its timeline said "no longer its own",

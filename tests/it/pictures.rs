@@ -122,3 +122,60 @@ async fn a_paused_holders_stale_write_is_red_where_both_held_and_the_fenced_row_
         "the fenced row is drawn too"
     );
 }
+
+/// Rows whose text timeline hands the lock on strictly in order were drawn with "two
+/// holders at once" wherever a hand-over fell within one millisecond; the faults themselves
+/// (a Redis killed, a master killed, a replica frozen) were drawn nowhere, and a sale lost
+/// with the master was drawn as a stale read that started before its read.
+#[tokio::test(flavor = "multi_thread")]
+async fn pictures_show_the_fault_and_no_two_holders_the_timeline_does_not_have() {
+    let setnx = run("two-instances", "setnx").await;
+    let node_loss = run("node-loss", "fenced").await;
+    let failover = run("failover", "fenced REPLICA_ACKS=0").await;
+    let page = picture::page(&[setnx.clone(), node_loss.clone(), failover.clone()]);
+    let rows = sections(&page);
+
+    let svg = &rows["two-instances/setnx"];
+    assert!(
+        elements(svg, "rect", "overlap").is_empty(),
+        "no two holders at once:\n{svg}\n{}",
+        setnx.timeline
+    );
+
+    let svg = &rows["node-loss/fenced"];
+    let dead = elements(svg, "rect", "dead");
+    assert!(
+        dead.iter().any(|d| d["data-lane"] == "redis"),
+        "the kill of the stock's Redis is drawn:\n{svg}\n{}",
+        node_loss.timeline
+    );
+    assert!(
+        elements(svg, "rect", "overlap").is_empty(),
+        "nobody's belief outlives its answer:\n{svg}\n{}",
+        node_loss.timeline
+    );
+
+    let svg = &rows["failover/fenced REPLICA_ACKS=0"];
+    assert!(
+        elements(svg, "rect", "stale-read").is_empty(),
+        "{svg}\n{}",
+        failover.timeline
+    );
+    assert!(
+        !elements(svg, "rect", "lost-write").is_empty(),
+        "{svg}\n{}",
+        failover.timeline
+    );
+    assert!(
+        elements(svg, "rect", "dead")
+            .iter()
+            .any(|d| d["data-lane"] == "redis"),
+        "the master's death is drawn:\n{svg}"
+    );
+    assert!(
+        elements(svg, "rect", "paused")
+            .iter()
+            .any(|d| d["data-lane"] == "replica1"),
+        "the frozen replica is drawn:\n{svg}"
+    );
+}

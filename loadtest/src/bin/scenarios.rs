@@ -171,6 +171,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
                 run.observed,
                 if run.ok { "ok" } else { "NOT OK" }
             );
+            if let Some(note) = &run.audit_note {
+                println!("   {note}\n");
+            }
         }
         runs.push(run);
     }
@@ -187,14 +190,37 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 }
 
 fn print_table(runs: &[Run]) {
-    println!(
-        "{:<22}  {:<20}  {:<8}  {:<8}  ok",
+    print!("{}", table(runs));
+    let ok = runs.iter().filter(|r| r.ok).count();
+    println!("\n{ok} of {} runs ok", runs.len());
+}
+
+/// The summary table, its strategy column as wide as its widest label
+/// (`fenced REPLICA_ACKS=0` is 21). A safe row with an unclean audit says so.
+fn table(runs: &[Run]) -> String {
+    use std::fmt::Write;
+    let w = runs
+        .iter()
+        .map(|r| r.label().len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<22}  {:<w$}  {:<8}  {:<8}  ok",
         "scenario", "strategy", "expected", "observed"
     );
-    println!("{:-<22}  {:-<20}  {:-<8}  {:-<8}  --", "", "", "", "");
+    let _ = writeln!(out, "{:-<22}  {:-<w$}  {:-<8}  {:-<8}  --", "", "", "", "");
     for r in runs {
-        println!(
-            "{:<22}  {:<20}  {:<8}  {:<8}  {}",
+        let audit = if r.audit_note.is_some() {
+            "  (audit NOT clean)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "{:<22}  {:<w$}  {:<8}  {:<8}  {}{audit}",
             r.scenario,
             r.label(),
             r.expected.to_string(),
@@ -202,8 +228,7 @@ fn print_table(runs: &[Run]) {
             if r.ok { "ok" } else { "NOT OK" }
         );
     }
-    let ok = runs.iter().filter(|r| r.ok).count();
-    println!("\n{ok} of {} runs ok", runs.len());
+    out
 }
 
 #[cfg(test)]
@@ -254,6 +279,30 @@ mod tests {
         for s in Strategy::ALL {
             assert!(!select(None, Some(s)).unwrap().is_empty(), "{s}");
         }
+    }
+
+    /// "fenced REPLICA_ACKS=0" is 21 characters: in a 20-wide column it shifted its row.
+    #[test]
+    fn the_summary_table_lines_up_with_its_widest_label() {
+        let run = |setting: &str| Run {
+            scenario: "failover",
+            strategy: "fenced",
+            setting: Some(setting.to_owned()),
+            expected: scenarios::Observed::Safe,
+            observed: scenarios::Observed::Safe,
+            ok: true,
+            details: serde_json::Value::Null,
+            audit_note: None,
+            timeline: String::new(),
+            entries: Vec::new(),
+        };
+        let table = table(&[run("REPLICA_ACKS=0"), run("REPLICA_ACKS=10")]);
+        let columns: Vec<usize> = table
+            .lines()
+            .filter(|l| !l.starts_with('-'))
+            .map(|l| l.find("expected").or_else(|| l.find("safe")).unwrap())
+            .collect();
+        assert!(columns.windows(2).all(|w| w[0] == w[1]), "{table}");
     }
 
     #[test]

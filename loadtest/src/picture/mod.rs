@@ -230,6 +230,8 @@ impl<'a> Drawing<'a> {
         self.leases();
         self.holds();
         self.marks();
+        self.faults();
+        self.lane_counts();
         self.strip();
         self.place_labels();
     }
@@ -582,12 +584,16 @@ impl<'a> Drawing<'a> {
         }
         // The stale sale worked on a stock that another sale had already changed: red on its
         // bar from that other write to its own.
-        for c in &m.conflicts {
-            let (Some((from, _)), Some((to, _))) =
+        for c in m.conflicts.iter().filter(|c| !c.lost) {
+            let (Some((written, _)), Some((to, _))) =
                 (&m.sales[c.first].written, &m.sales[c.stale].written)
             else {
                 continue;
             };
+            // It worked on a stale read from the moment the stock changed under it, which is
+            // never before it read.
+            let read = m.sales[c.stale].read.as_ref().map_or(0, |r| r.0);
+            let from = &(*written).max(read);
             let (top, h) = self.bar(m.sales[c.stale].lane);
             let (x1, x2) = (self.x(*from), self.x(*to));
             let _ = writeln!(
@@ -638,7 +644,20 @@ impl<'a> Drawing<'a> {
 
     fn marks(&mut self) {
         let m = self.m;
-        let stale: Vec<usize> = m.conflicts.iter().map(|c| c.stale).collect();
+        let stale: Vec<usize> = m
+            .conflicts
+            .iter()
+            .filter(|c| !c.lost)
+            .map(|c| c.stale)
+            .collect();
+        // A landed write the Redis read next no longer had, and the sale that sold its item
+        // again: (lost write's sale, reseller).
+        let lost: Vec<(usize, usize)> = m
+            .conflicts
+            .iter()
+            .filter(|c| c.lost)
+            .map(|c| (c.first, c.stale))
+            .collect();
         for (n, sale) in m.sales.iter().enumerate() {
             let lane = sale.lane;
             let (top, h) = self.bar(lane);
@@ -724,7 +743,24 @@ impl<'a> Drawing<'a> {
             if let Some((at, remaining)) = &sale.written {
                 let x = self.x(*at);
                 let is_stale = stale.contains(&n);
-                let (fill, class, text) = if is_stale {
+                let resold = lost.iter().find(|l| l.1 == n).map(|l| l.0);
+                let was_lost = lost.iter().any(|l| l.0 == n);
+                let (fill, class, text) = if let Some(first) = resold {
+                    (
+                        RED,
+                        "mark write resold",
+                        format!(
+                            "{} writes {remaining}: sells {}'s item again",
+                            sale.letter, m.sales[first].letter
+                        ),
+                    )
+                } else if was_lost {
+                    (
+                        RED,
+                        "mark write lost-write conflict",
+                        format!("{} writes {remaining}: answered, then LOST", sale.letter),
+                    )
+                } else if is_stale {
                     (
                         RED,
                         "mark write stale",
@@ -746,7 +782,7 @@ impl<'a> Drawing<'a> {
                     sale.letter,
                     secs(*at)
                 );
-                self.label(lane, x, &text, fill, is_stale);
+                self.label(lane, x, &text, fill, fill == RED);
             }
             if let Some((at, reason)) = &sale.refused {
                 let x = self.x(*at);
@@ -756,9 +792,20 @@ impl<'a> Drawing<'a> {
                 let text = if blocked {
                     format!("{} gives up: {reason}", sale.letter)
                 } else {
-                    format!("{}'s write refused: {reason}", sale.letter)
+                    refusal(sale, reason)
                 };
-                self.label(lane, x, &text, color, true);
+                let _ = writeln!(
+                    self.out,
+                    r#"<rect class="refusal" data-sale="{}" x="{:.1}" y="{:.1}" width="12" height="12" fill="none"><title>{} at {}</title></rect>"#,
+                    sale.letter,
+                    x - 6.0,
+                    mid - 6.0,
+                    escape(&text),
+                    secs(*at)
+                );
+                // Sold out is the stock's answer, not a fault: its label yields to those.
+                let bold = blocked || reason != "sold_out";
+                self.label(lane, x, &text, color, bold);
             }
             if let Some((at, released)) = &sale.released
                 && sale.locks()
@@ -771,9 +818,85 @@ impl<'a> Drawing<'a> {
                 };
                 self.label(lane, x, &text, MUTED, false);
             }
-            if let Some(at) = sale.killed {
-                let _ = at;
+            // Every refused EXEC threw work away: a tick each, counted on the lane.
+            for &at in &sale.thrown_away {
+                let x = self.x(at);
+                let _ = writeln!(
+                    self.out,
+                    r##"<line class="mark thrown-away" data-sale="{}" x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="#c05621" stroke-width="1.5"><title>sale {} EXEC refused at {}: its work thrown away</title></line>"##,
+                    sale.letter,
+                    top - 4.0,
+                    top + 4.0,
+                    sale.letter,
+                    secs(at)
+                );
             }
+        }
+    }
+
+    /// What each lane's sales had refused, and the EXECs thrown away, counted under its
+    /// name: labels that find no room are dropped, a count never is.
+    fn lane_counts(&mut self) {
+        let m = self.m;
+        for (lane, l) in m.lanes.iter().enumerate() {
+            let sales = || m.sales.iter().filter(move |s| s.lane == lane);
+            let refused = sales().filter(|s| s.refused.is_some()).count();
+            let thrown: usize = sales().map(|s| s.thrown_away.len()).sum();
+            let mut lines = Vec::new();
+            if refused > 0 {
+                lines.push(format!("{refused} refused"));
+            }
+            if thrown > 0 {
+                lines.push(format!("{thrown} EXECs refused"));
+            }
+            let h = match l.kind {
+                LaneKind::Instance => INSTANCE_H,
+                LaneKind::Redis => REDIS_H,
+            };
+            for (i, line) in lines.iter().enumerate() {
+                let _ = writeln!(
+                    self.out,
+                    r##"<text class="count" data-lane="{}" x="8" y="{:.1}" fill="#744210" font-size="10">{line}</text>"##,
+                    escape(&l.name),
+                    self.tops[lane] + h / 2.0 + 25.0 + 11.0 * i as f64,
+                );
+            }
+        }
+    }
+
+    /// A fault's mark on its lane where nothing else draws it: a restart (the kill, the
+    /// pause and the expiry are drawn as states and lease ends).
+    fn faults(&mut self) {
+        let m = self.m;
+        for note in &m.notes {
+            if note.action != model::Action::Restart {
+                continue;
+            }
+            let Some(&lane) = note.lanes.first() else {
+                continue;
+            };
+            let top = self.tops[lane];
+            let h = match m.lanes[lane].kind {
+                LaneKind::Instance => INSTANCE_H,
+                LaneKind::Redis => REDIS_H,
+            };
+            let x = self.x(note.at);
+            let _ = writeln!(
+                self.out,
+                r##"<line class="fault restart" data-lane="{}" data-at="{}" x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{INK}" stroke-width="2" stroke-dasharray="4 2"><title>{}</title></line>"##,
+                escape(&m.lanes[lane].name),
+                note.at,
+                top + 1.0,
+                top + h - 1.0,
+                escape(&note.text)
+            );
+            let empty = if note.text.to_lowercase().contains("empty") {
+                " EMPTY"
+            } else {
+                ""
+            };
+            let text = format!("{} restarted{empty}", m.lanes[lane].name);
+            self.label(lane, x, &text, INK, true);
         }
     }
 
@@ -786,9 +909,12 @@ impl<'a> Drawing<'a> {
             self.out,
             r#"<text x="8" y="17" fill="{MUTED}" font-size="10">runner notes</text>"#
         );
+        // Circles of notes close in time are set side by side, never on each other.
+        let mut last = f64::MIN;
         for note in &self.m.notes {
             let Some(number) = note.number else { continue };
-            let x = self.x(note.at);
+            let x = self.x(note.at).max(last + 17.0);
+            last = x;
             let _ = writeln!(
                 self.out,
                 r##"<g class="note"><circle cx="{x:.1}" cy="13" r="8" fill="#edf2f7" stroke="{MUTED}"/><text x="{x:.1}" y="17" text-anchor="middle" fill="{INK}" font-size="10">{number}</text><title>{}</title></g>"##,
@@ -906,7 +1032,9 @@ fn section(i: usize, r: &Run) -> String {
         st = escape(&r.label()),
         o = r.observed,
     );
-    if r.observed == Observed::Safe && picture.findings.iter().any(|f| f.0) {
+    if let Some(note) = &r.audit_note {
+        let _ = writeln!(s, r#"<p class="key">{}</p>"#, escape(note));
+    } else if r.observed == Observed::Safe && picture.findings.iter().any(|f| f.0) {
         s.push_str(
             "<p class=\"key\">The verdict judges this row's fault only: the red below is \
              harm of another kind that this version still allows (a later row provokes it).</p>\n",
@@ -958,6 +1086,20 @@ fn section(i: usize, r: &Run) -> String {
     s
 }
 
+/// A refusal in words, for what was refused: the acquire (nothing read yet), the write, or
+/// the sale for want of stock.
+fn refusal(sale: &model::Sale, reason: &str) -> String {
+    if reason == "sold_out" {
+        format!("{}: sold out", sale.letter)
+    } else if sale.read.is_some() {
+        format!("{}'s write refused: {reason}", sale.letter)
+    } else if sale.acquired.is_some() {
+        format!("{} refused before it read: {reason}", sale.letter)
+    } else {
+        format!("{}'s lock refused: {reason}", sale.letter)
+    }
+}
+
 fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
 }
@@ -997,7 +1139,13 @@ fn legend() -> String {
             swatch(&format!(
                 r#"<rect x="3" y="3" width="10" height="10" fill="{INK}"/><rect x="20" y="3" width="10" height="10" fill="{RED}"/>"#
             )),
-            "write (the stock written), stale write",
+            "write (the stock written); red: stale, lost after it landed, or selling a lost sale's item again",
+        ),
+        (
+            swatch(&format!(
+                r##"<line x1="6" y1="2" x2="6" y2="14" stroke="#c05621" stroke-width="1.5"/><line x1="24" y1="1" x2="24" y2="15" stroke="{INK}" stroke-width="2" stroke-dasharray="4 2"/>"##
+            )),
+            "EXEC refused (work thrown away), a node restarted",
         ),
         (
             swatch(

@@ -38,6 +38,8 @@ pub enum Action {
     Kill,
     Restart,
     Expire,
+    /// A replica made the master: the stock's node from then on.
+    Promote,
     /// Any other note: a numbered mark on the runner's strip (and on the lanes it names).
     Other,
 }
@@ -46,13 +48,23 @@ impl Action {
     /// Read from the note's own words; unknown words are `Other`, never an error.
     fn of(text: &str) -> Self {
         let t = text.to_lowercase();
-        if t.contains("sigstop") || t.starts_with("pause") || t.starts_with("freeze") {
+        let said = |w: &str| {
+            t.split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|x| x == w)
+        };
+        if said("promoted") && !said("never") && !said("not") {
+            Action::Promote
+        } else if t.contains("sigstop")
+            || t.starts_with("pause")
+            || said("freeze")
+            || said("frozen")
+        {
             Action::Pause
-        } else if t.contains("sigcont") || t.starts_with("resume") || t.starts_with("unfreeze") {
+        } else if t.contains("sigcont") || said("resume") || said("resumed") || said("unfreeze") {
             Action::Resume
         } else if t.contains("kill") {
             Action::Kill
-        } else if t.contains("restart") {
+        } else if t.contains("restart") || t.ends_with(" is back") {
             Action::Restart
         } else if t.contains("expired") {
             Action::Expire
@@ -97,6 +109,25 @@ pub struct Sale {
     pub renewals: Vec<u64>,
     /// Nested acquires (`true`) and releases of one level (`false`).
     pub nested: Vec<(u64, bool)>,
+    /// Refused `EXEC`s: work done and thrown away.
+    pub thrown_away: Vec<u64>,
+    /// The nodes its last quorum granted the lock on (by node, `true` = granted).
+    pub granted: Vec<bool>,
+    pub order: Order,
+}
+
+/// Where a sale's events stand in the timeline's order. The timeline counts whole
+/// milliseconds, and a lock is often handed on within one: a release heard before the next
+/// acquire came first, whatever their milliseconds say.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Order {
+    pub acquired: Option<usize>,
+    pub released: Option<usize>,
+    pub lost: Option<usize>,
+    pub killed: Option<usize>,
+    pub read: Option<usize>,
+    pub written: Option<usize>,
+    pub refused: Option<usize>,
 }
 
 impl Sale {
@@ -113,18 +144,48 @@ impl Sale {
     /// moment it learnt it was lost, or to its death; `open` when none of these came.
     pub fn hold(&self, end: u64) -> Option<Span> {
         let from = self.acquired.filter(|_| self.locks())?;
-        let ends = [
-            self.released.as_ref().map(|r| r.0),
-            self.lost.as_ref().map(|l| l.0),
-            self.killed,
-        ];
-        let to = ends.into_iter().flatten().min();
+        let to = self.hold_end().map(|(at, _)| at);
         // At least a millisecond: a hold acquired and released within one is still a hold.
         Some(Span {
             from,
             to: to.unwrap_or(end).max(from + 1),
             open: to.is_none(),
         })
+    }
+
+    /// What ended its belief, with its place in the timeline: the first of its release, its
+    /// learning the lock lost and its death; when none came, its answer (its write or its
+    /// refusal). A sale that answered its buyer works under the lock no more: a release that
+    /// failed (its Redis dead) logs nothing, and must not stretch the hold to the end.
+    pub fn hold_end(&self) -> Option<(u64, usize)> {
+        let o = &self.order;
+        let ends = [
+            self.released.as_ref().map(|r| r.0).zip(o.released),
+            self.lost.as_ref().map(|l| l.0).zip(o.lost),
+            self.killed.zip(o.killed),
+        ];
+        ends.into_iter().flatten().min().or_else(|| self.answer())
+    }
+
+    /// Its write or its refusal, with its place in the timeline.
+    fn answer(&self) -> Option<(u64, usize)> {
+        let o = &self.order;
+        [
+            self.written.as_ref().map(|w| w.0).zip(o.written),
+            self.refused.as_ref().map(|r| r.0).zip(o.refused),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Where the stretch its write depends on ([`span`](Self::span)) begins and ends in the
+    /// timeline's order.
+    fn span_order(&self) -> Option<(usize, Option<usize>)> {
+        if self.acquired.is_some() && self.locks() {
+            return Some((self.order.acquired?, self.hold_end().map(|e| e.1)));
+        }
+        Some((self.order.read?, self.answer().map(|a| a.1)))
     }
 
     /// The stretch the sale's write depends on: its hold, or for a sale without a lock,
@@ -149,6 +210,15 @@ impl Sale {
     pub fn name(&self) -> String {
         format!("sale {}", self.letter)
     }
+}
+
+/// Whether one of the two stretches ended, in the timeline's order, before the other began:
+/// then they never overlapped, even where rounding to milliseconds makes them touch.
+fn apart(a: &Sale, b: &Sale) -> bool {
+    let (Some((a_from, a_to)), Some((b_from, b_to))) = (a.span_order(), b.span_order()) else {
+        return false;
+    };
+    a_to.is_some_and(|t| t < b_from) || b_to.is_some_and(|t| t < a_from)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +277,14 @@ pub struct Conflict {
     pub remaining: String,
     /// When both held (or were between read and write) at once, if they did.
     pub both: Option<Span>,
+    /// The first write landed before the stale sale even read: the Redis it read from had
+    /// lost that write (a failover to a replica without it), nothing raced.
+    pub lost: bool,
+    /// The sales whose writes landed between the stale sale's read and its write.
+    pub overwritten: Vec<usize>,
+    /// The sales the stale write undid: the stock it read less the stock it overwrote,
+    /// the audit's lost updates for this write.
+    pub items: i64,
 }
 
 /// A sale that gave up waiting for a lock nobody would release.
@@ -236,6 +314,10 @@ pub struct Model {
     /// A release that deleted another sale's lease: (lease, deleting sale).
     pub foreign_deletes: Vec<usize>,
     pub blocked: Vec<Blocked>,
+    /// The lane promoted to master, once one is: single-node locks live there from then on.
+    pub master: Option<usize>,
+    /// Every landed write: (place in the timeline, sale, stock resets before it).
+    pub writes: Vec<(usize, usize, usize)>,
 }
 
 fn text(e: &Entry, name: &str) -> Option<String> {
@@ -264,6 +346,34 @@ fn letter(n: usize) -> String {
     }
 }
 
+/// The words of a note that may name lanes, as lane names: `node 2` and `replica 1` are
+/// `node2` and `replica1`, and the stock's Redis (`Redis`, `the master`) is `redis`.
+fn lane_words(text: &str) -> Vec<String> {
+    let words: Vec<String> = text
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let word = words[i].to_lowercase();
+        let numbered = words
+            .get(i + 1)
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        match (word.as_str(), numbered) {
+            ("node" | "replica", Some(n)) => {
+                out.push(format!("{word}{n}"));
+                i += 1;
+            }
+            ("redis" | "master", _) => out.push("redis".to_owned()),
+            _ => out.push(words[i].clone()),
+        }
+        i += 1;
+    }
+    out
+}
+
 /// `app1`, `redis`, `redis2`, `node3`: a word that names a lane (a number, or `redis` alone,
 /// so that "the node" or "an instance" in a note's prose names none).
 fn lane_kind(word: &str) -> Option<LaneKind> {
@@ -272,7 +382,7 @@ fn lane_kind(word: &str) -> Option<LaneKind> {
         return None;
     }
     match stem {
-        "redis" | "node" => Some(LaneKind::Redis),
+        "redis" | "node" | "replica" => Some(LaneKind::Redis),
         "app" | "instance" => Some(LaneKind::Instance),
         _ => None,
     }
@@ -290,13 +400,13 @@ impl Model {
         // The stock resets seen so far: a value written twice counts only within one.
         let mut epoch = 0;
         let mut writes: BTreeMap<(usize, String), Vec<usize>> = BTreeMap::new();
-        for e in entries {
+        for (seq, e) in entries.iter().enumerate() {
             match &e.what {
                 What::Note(text) => {
                     if text.starts_with("stock reset") {
                         epoch += 1;
                     }
-                    m.note(e, text);
+                    m.note(e, text, seq);
                 }
                 What::Event(event) => {
                     let Some(id) = sale_id(e) else { continue };
@@ -310,10 +420,11 @@ impl Model {
                         });
                         m.sales.len() - 1
                     });
-                    m.event(n, *event, e);
+                    m.event(n, *event, e, seq);
                     if *event == Event::SaleWritten
                         && let Some((_, remaining)) = &m.sales[n].written
                     {
+                        m.writes.push((seq, n, epoch));
                         writes
                             .entry((epoch, remaining.clone()))
                             .or_default()
@@ -346,16 +457,26 @@ impl Model {
     fn find_lanes(&mut self, entries: &[Entry]) {
         for e in entries {
             match &e.what {
-                What::Event(_) => self.add_lane(&e.who, LaneKind::Instance),
+                What::Event(event) => {
+                    self.add_lane(&e.who, LaneKind::Instance);
+                    // A quorum lock's votes name its nodes, in order: a lane for each.
+                    if *event == Event::LockQuorum
+                        && let Some(n) = text(e, "nodes").and_then(|n| n.parse::<usize>().ok())
+                    {
+                        for node in 1..=n.min(16) {
+                            self.add_lane(&format!("node{node}"), LaneKind::Redis);
+                        }
+                    }
+                }
                 What::Note(text) => {
                     if e.who != "runner"
                         && let Some(kind) = lane_kind(&e.who)
                     {
                         self.add_lane(&e.who, kind);
                     }
-                    for word in text.split(|c: char| !c.is_ascii_alphanumeric()) {
-                        if let Some(kind) = lane_kind(word) {
-                            self.add_lane(word, kind);
+                    for word in lane_words(text) {
+                        if let Some(kind) = lane_kind(&word) {
+                            self.add_lane(&word, kind);
                         }
                     }
                 }
@@ -402,7 +523,8 @@ impl Model {
                 return nodes;
             }
         }
-        self.lane("redis")
+        self.master
+            .or_else(|| self.lane("redis"))
             .or_else(|| redis.first().copied())
             .into_iter()
             .collect()
@@ -446,14 +568,14 @@ impl Model {
         self.end_lease(lane, at, LeaseEnd::Expired);
     }
 
-    fn note(&mut self, e: &Entry, text: &str) {
+    fn note(&mut self, e: &Entry, text: &str, seq: usize) {
         let action = Action::of(text);
         let mut lanes: Vec<usize> = Vec::new();
         if let Some(own) = self.lane(&e.who) {
             lanes.push(own);
         }
-        for word in text.split(|c: char| !c.is_ascii_alphanumeric()) {
-            if let Some(i) = self.lane(word)
+        for word in lane_words(text) {
+            if let Some(i) = self.lane(&word)
                 && !lanes.contains(&i)
             {
                 lanes.push(i);
@@ -464,7 +586,14 @@ impl Model {
             lanes.extend(self.lane("redis"));
         }
         let at = e.at_ms;
-        for &lane in &lanes {
+        // A fault befalls the note's subject, the first lane it names: "lock node 1
+        // restarted EMPTY (it had granted app1's lock)" restarts node1, not app1.
+        let subject = if action == Action::Other {
+            &[][..]
+        } else {
+            &lanes[..lanes.len().min(1)]
+        };
+        for &lane in subject {
             match action {
                 Action::Pause => self.states.push((
                     lane,
@@ -502,6 +631,7 @@ impl Model {
                             || sale.refused.is_some();
                         if sale.lane == lane && !done && sale.killed.is_none() {
                             sale.killed = Some(at);
+                            sale.order.killed = Some(seq);
                         }
                     }
                     if self.lanes[lane].kind == LaneKind::Redis {
@@ -511,6 +641,11 @@ impl Model {
                 Action::Expire => {
                     if self.lanes[lane].kind == LaneKind::Redis {
                         self.expire(lane, at);
+                    }
+                }
+                Action::Promote => {
+                    if self.lanes[lane].kind == LaneKind::Redis {
+                        self.master = Some(lane);
                     }
                 }
                 Action::Other => {}
@@ -529,7 +664,7 @@ impl Model {
         });
     }
 
-    fn event(&mut self, n: usize, event: Event, e: &Entry) {
+    fn event(&mut self, n: usize, event: Event, e: &Entry, seq: usize) {
         let at = e.at_ms;
         let sale = &mut self.sales[n];
         match event {
@@ -540,12 +675,25 @@ impl Model {
                 let strategy = text(e, "strategy").and_then(|s| s.parse::<Strategy>().ok());
                 sale.strategy = strategy;
                 sale.acquired = Some(at);
+                sale.order.acquired = Some(seq);
                 sale.waited = text(e, "waited_ms")
                     .and_then(|w| w.parse().ok())
                     .unwrap_or(0);
                 sale.fence = text(e, "fence");
                 if let Some(s @ Strategy::Redis(_)) = strategy {
-                    for lane in self.lease_lanes(s) {
+                    let granted = sale.granted.clone();
+                    let lanes = self.lease_lanes(s);
+                    // Its quorum's votes say which nodes granted it, node by node.
+                    let lanes: Vec<usize> = if granted.len() == lanes.len() {
+                        lanes
+                            .into_iter()
+                            .zip(granted)
+                            .filter_map(|(lane, yes)| yes.then_some(lane))
+                            .collect()
+                    } else {
+                        lanes
+                    };
+                    for lane in lanes {
                         self.end_lease(lane, at, LeaseEnd::Replaced);
                         self.leases.push(Lease {
                             lane,
@@ -564,10 +712,27 @@ impl Model {
                     return;
                 }
                 sale.released = Some((at, released.clone()));
+                sale.order.released = Some(seq);
                 if released == "Freed"
                     && let Some(s @ Strategy::Redis(_)) = sale.strategy
                 {
                     for lane in self.lease_lanes(s) {
+                        // A quorum lock's release asks every node, but deletes only where
+                        // its votes had placed it.
+                        if s.info().quorum
+                            && !self.leases.iter().any(|l| l.lane == lane && l.sale == n)
+                        {
+                            continue;
+                        }
+                        // Its lease died with its node, yet Redis freed it: the release came
+                        // before the kill and was heard after it, with any acquire since.
+                        let own = self
+                            .leases
+                            .iter()
+                            .rposition(|l| l.lane == lane && l.sale == n);
+                        if own.is_some_and(|i| self.leases[i].end == LeaseEnd::NodeGone) {
+                            continue;
+                        }
                         // Its lease was replaced by an acquire heard before this release:
                         // the release came first (every expiry is noted), and freed its own.
                         if let Some(own) =
@@ -588,23 +753,34 @@ impl Model {
             }
             Event::LockRenewed => sale.renewals.push(at),
             Event::LockLost => {
-                sale.lost
-                    .get_or_insert((at, text(e, "reason").unwrap_or_default()));
+                if sale.lost.is_none() {
+                    sale.lost = Some((at, text(e, "reason").unwrap_or_default()));
+                    sale.order.lost = Some(seq);
+                }
             }
             Event::StockRead => {
                 sale.read = Some((at, text(e, "stock").unwrap_or_default()));
+                sale.order.read = Some(seq);
                 if sale.fence.is_none() {
                     sale.fence = text(e, "fence");
                 }
             }
             Event::SaleWritten => {
                 sale.written = Some((at, text(e, "remaining").unwrap_or_default()));
+                sale.order.written = Some(seq);
             }
-            // The votes are in the text timeline under the picture; the holds they grant
-            // are drawn from the acquire that follows.
-            Event::LockQuorum | Event::TransactionConflict => {}
+            // The leases the votes grant are drawn from the acquire that follows.
+            Event::LockQuorum => {
+                sale.granted = text(e, "votes")
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(|v| v == "granted")
+                    .collect();
+            }
+            Event::TransactionConflict => sale.thrown_away.push(at),
             Event::SaleRefused => {
                 sale.refused = Some((at, text(e, "reason").unwrap_or_default()));
+                sale.order.refused = Some(seq);
             }
         }
         self.t1 = self.t1.max(at);
@@ -627,21 +803,50 @@ impl Model {
     /// Two landed writes of the same remaining stock (within one reset): both sales sold
     /// the same item, and the later write overwrote the earlier one's sale.
     fn find_conflicts(&mut self, writes: BTreeMap<(usize, String), Vec<usize>>) {
-        for ((_, remaining), sales) in writes {
+        for ((epoch, remaining), sales) in writes {
             for pair in sales.windows(2) {
                 let (first, stale) = (pair[0], pair[1]);
-                let both = match (
-                    self.sales[first].span(self.t1),
-                    self.sales[stale].span(self.t1),
-                ) {
-                    (Some(a), Some(b)) => a.overlap(b),
+                let (f, s) = (&self.sales[first], &self.sales[stale]);
+                let both = match (f.span(self.t1), s.span(self.t1)) {
+                    (Some(a), Some(b)) if !apart(f, s) => a.overlap(b),
                     _ => None,
+                };
+                let first_written = f.order.written;
+                let (read, written) = (s.order.read, s.order.written);
+                let lost = matches!((first_written, read), (Some(w), Some(r)) if w < r);
+                // The writes that landed while the stale sale worked on what it had read.
+                let overwritten: Vec<usize> = match (read, written) {
+                    (Some(r), Some(w)) if !lost => self
+                        .writes
+                        .iter()
+                        .filter(|&&(at, n, e)| e == epoch && n != stale && r < at && at < w)
+                        .map(|&(_, n, _)| n)
+                        .collect(),
+                    _ => vec![first],
+                };
+                // Several writes may have left the same value (two sales that read alike):
+                // what was undone is what the stock fell by since the stale sale read it.
+                let number = |v: Option<&String>| v.and_then(|v| v.parse::<i64>().ok());
+                let read_stock = number(s.read.as_ref().map(|r| &r.1));
+                let overwrote = written.and_then(|w| {
+                    let &(_, n, _) = self
+                        .writes
+                        .iter()
+                        .rfind(|&&(at, _, e)| e == epoch && at < w)?;
+                    number(self.sales[n].written.as_ref().map(|w| &w.1))
+                });
+                let items = match (lost, read_stock, overwrote) {
+                    (false, Some(read), Some(was)) if read > was => read - was,
+                    _ => 1,
                 };
                 self.conflicts.push(Conflict {
                     first,
                     stale,
                     remaining: remaining.clone(),
                     both,
+                    lost,
+                    overwritten,
+                    items,
                 });
             }
         }
@@ -659,6 +864,10 @@ impl Model {
                     .conflicts
                     .iter()
                     .any(|c| (c.first, c.stale) == (a, b) || (c.first, c.stale) == (b, a));
+                // A release heard before the next acquire came first, even in one millisecond.
+                if conflicted || apart(&self.sales[a], &self.sales[b]) {
+                    continue;
+                }
                 // One ending as the next begins, by a few ms, is the order the runner heard
                 // two processes' logs in (a release is logged after the key is gone).
                 let (first, second) = if ha.from <= hb.from {
@@ -666,16 +875,41 @@ impl Model {
                 } else {
                     (hb, ha)
                 };
+                // Ends in one millisecond are still a hand-over heard out of order.
                 let handover =
-                    |both: Span| both.to - both.from < HEARD_APART_MS && first.to < second.to;
+                    |both: Span| both.to - both.from < HEARD_APART_MS && first.to <= second.to;
+                // One Redis key has one owner: a lease that nothing ended (no expiry, no
+                // delete, no node lost) until the other's acquire took it was released before
+                // that acquire, whatever order two processes' log lines arrived in.
+                let taken_over = |both: Span| {
+                    both.to - both.from < HEARD_APART_MS
+                        && (self.took_over(a, b) || self.took_over(b, a))
+                };
                 if let Some(both) = ha.overlap(hb)
-                    && !conflicted
                     && !handover(both)
+                    && !taken_over(both)
                 {
                     self.overlaps.push((a, b, both));
                 }
             }
         }
+    }
+
+    /// Whether `to`'s acquire took a single-node lock whose lease `from` still had as far as
+    /// the timeline says (nothing but that acquire, or its own late-heard release, ended it).
+    fn took_over(&self, from: usize, to: usize) -> bool {
+        let single = |n: usize| matches!(self.sales[n].strategy, Some(s @ Strategy::Redis(_)) if !s.info().quorum);
+        single(from)
+            && single(to)
+            && self.leases.iter().any(|l| {
+                // `Deleted` by itself: its release, heard after the acquire, freed it.
+                l.sale == from
+                    && (l.end == LeaseEnd::Replaced || l.end == LeaseEnd::Deleted { by: from })
+                    && self
+                        .leases
+                        .iter()
+                        .any(|m| m.sale == to && m.lane == l.lane && m.from == l.to)
+            })
     }
 
     /// A sale that gave up waiting (`lock_timeout`) on a lease nobody could release: its
@@ -765,12 +999,43 @@ impl Model {
                     )
                 })
                 .unwrap_or_default();
-            out.push((
-                true,
-                at,
+            let text = if c.lost {
+                let read = stale.read.as_ref().map(|r| r.0).unwrap_or(at);
+                let written = first.written.as_ref().map(|w| w.0).unwrap_or(0);
+                format!(
+                    "{} ({}) and {} ({}) both wrote stock {}: {}'s write at {} had landed, yet \
+                     {} read at {} from a Redis that no longer had it: {}'s sale was lost, not \
+                     overwritten, and its item was sold again (one item sold twice).",
+                    first.name(),
+                    lane(c.first),
+                    stale.name(),
+                    lane(c.stale),
+                    c.remaining,
+                    first.name(),
+                    secs(written),
+                    stale.name(),
+                    secs(read),
+                    first.name(),
+                )
+            } else {
+                // Named when each overwritten write was one undone sale; else counted.
+                let names: Vec<String> = if c.overwritten.len() as i64 == c.items {
+                    c.overwritten.iter().map(|&n| s(n).name()).collect()
+                } else {
+                    Vec::new()
+                };
+                let items = match c.items {
+                    1 => "one item sold twice".to_owned(),
+                    n => format!("{n} items sold twice"),
+                };
+                let undone = match (names.is_empty(), c.items) {
+                    (false, _) => and_list(&names),
+                    (true, 1) => "an earlier sale".to_owned(),
+                    (true, n) => format!("{n} earlier sales"),
+                };
                 format!(
                     "{} ({}) and {} ({}) both wrote stock {}: {}'s write at {} is stale and \
-                     overwrote {}'s sale (one item sold twice).{both}",
+                     overwrote {undone} ({items}).{both}",
                     first.name(),
                     lane(c.first),
                     stale.name(),
@@ -778,9 +1043,9 @@ impl Model {
                     c.remaining,
                     stale.name(),
                     secs(at),
-                    first.name(),
-                ),
-            ));
+                )
+            };
+            out.push((true, at, text));
         }
         for &l in &self.foreign_deletes {
             let lease = &self.leases[l];
@@ -822,8 +1087,11 @@ impl Model {
             let kept_out = [a, b]
                 .iter()
                 .filter_map(|&n| {
+                    // Only a write refused for holding no lock any more was kept out: a
+                    // sale that found the stock sold out wrote nothing to keep out.
                     s(n).refused
                         .as_ref()
+                        .filter(|(_, r)| s(n).read.is_some() && r != "sold_out")
                         .map(|(_, r)| format!("{}'s write was refused ({r})", s(n).name()))
                         .or_else(|| {
                             s(n).lost
@@ -854,6 +1122,16 @@ impl Model {
     }
 }
 
+/// `sale A`, `sale A's and sale B's`: the sales whose sales were overwritten.
+fn and_list(names: &[String]) -> String {
+    let owned: Vec<String> = names.iter().map(|n| format!("{n}'s sale")).collect();
+    match owned.as_slice() {
+        [] => "an earlier sale".to_owned(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
 pub fn secs(ms: u64) -> String {
     format!("{:.3} s", ms as f64 / 1000.0)
 }
@@ -877,6 +1155,24 @@ mod tests {
         assert_eq!(Action::of("kill -9 app1 (it holds the lock)"), Action::Kill);
         assert_eq!(Action::of("the lock key EXPIRED"), Action::Expire);
         assert_eq!(Action::of("restart redis2"), Action::Restart);
+        assert_eq!(
+            Action::of("Sentinel promoted replica 1 (port 7001): the master now"),
+            Action::Promote
+        );
+        assert_eq!(
+            Action::of("replica 2 (up to date) may never be promoted (priority 0)"),
+            Action::Other
+        );
+        assert_eq!(
+            Action::of("replica 1 resumed, without what it missed"),
+            Action::Resume
+        );
+        assert_eq!(Action::of("the stock's Redis is back"), Action::Restart);
+        assert_eq!(
+            lane_words("kill -9 lock node 2 of 3"),
+            ["kill", "9", "lock", "node2", "of", "3"]
+        );
+        assert_eq!(lane_words("master KILLED"), ["redis", "KILLED"]);
         assert_eq!(
             Action::of("app2 starts a sale while app1 works"),
             Action::Other

@@ -100,9 +100,16 @@ pub(super) async fn run_with(
             json!({"why": "Sentinel promoted no replica", "first_sale": a.summary()}),
         ));
     };
+    // Named as the picture names its lane (`replica 1`), so that the leases after it are
+    // drawn on the node that is the master now.
+    let which = env
+        .replicas
+        .iter()
+        .position(|r| r.port == new_master)
+        .map_or_else(|| "a replica".to_owned(), |i| format!("replica {}", i + 1));
     env.timeline.note(
         "runner",
-        format!("Sentinel promoted the replica on port {new_master}"),
+        format!("Sentinel promoted {which} (port {new_master}): the master now"),
     );
     // The old master comes back as a replica of the new one, so that REPLICA_ACKS can be
     // met again. Sentinel would make it one by itself, but only some seconds after it saw it

@@ -333,6 +333,10 @@ pub struct Run {
     pub observed: Observed,
     pub ok: bool,
     pub details: Value,
+    /// What the audit found when it is not clean and the verdict is `safe`: the verdict
+    /// judges the row's fault only, and "safe" must not be read as "nothing sold twice".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_note: Option<String>,
     #[serde(skip)]
     pub timeline: String,
     /// The entries the timeline was rendered from, for the picture (`crate::picture`).
@@ -370,11 +374,51 @@ pub async fn run(row: Row, bin: &Path, attempts: u32) -> anyhow::Result<Run> {
             expected,
             observed,
             ok: observed == expected,
+            audit_note: (observed == Observed::Safe)
+                .then(|| audit_note(&details))
+                .flatten(),
             details,
             timeline: env.timeline.render(),
             entries: env.timeline.entries(),
         });
     }
+}
+
+/// The audit's findings in words when it is not clean (`details.audit`), else `None`.
+pub fn audit_note(details: &Value) -> Option<String> {
+    let audit = details.get("audit")?;
+    if audit.get("clean")?.as_bool()? {
+        return None;
+    }
+    let n = |name: &str| audit.get(name).and_then(Value::as_i64).unwrap_or(0);
+    let twice: i64 = audit
+        .get("duplicates")
+        .and_then(Value::as_array)
+        .map(|d| {
+            d.iter()
+                .filter_map(|d| d.get("times")?.as_i64())
+                .map(|t| t - 1)
+                .sum()
+        })
+        .unwrap_or(0);
+    let mut found = Vec::new();
+    if n("lost_updates") != 0 {
+        found.push(format!("{} lost update(s)", n("lost_updates")));
+    }
+    if twice > 0 {
+        found.push(format!("{twice} stock value(s) sold twice"));
+    }
+    if n("oversold") > 0 {
+        found.push(format!("{} oversold", n("oversold")));
+    }
+    if found.is_empty() {
+        found.push("not clean".to_owned());
+    }
+    Some(format!(
+        "the audit is NOT clean ({}): the verdict judges this row's fault only, not \
+         whether anything was sold twice",
+        found.join(", ")
+    ))
 }
 
 /// Every row: each scenario for its flawed strategy, then for its survivor.
@@ -407,6 +451,20 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// slow-holder / owner-check said "observed safe" beside an audit that found a value
+    /// sold twice; the text must say what the audit found.
+    #[test]
+    fn an_unclean_audit_is_said_beside_a_safe_verdict() {
+        let details = json!({"audit": {"clean": false, "lost_updates": 1, "oversold": 0,
+            "duplicates": [{"remaining": 3, "times": 2}]}});
+        let note = audit_note(&details).unwrap();
+        assert!(note.contains("NOT clean"), "{note}");
+        assert!(note.contains("1 lost update(s)"), "{note}");
+        assert!(note.contains("1 stock value(s) sold twice"), "{note}");
+        assert_eq!(audit_note(&json!({"audit": {"clean": true}})), None);
+        assert_eq!(audit_note(&json!({})), None);
+    }
 
     #[test]
     fn every_fault_is_found_by_its_name_and_a_wrong_name_lists_the_valid_ones() {
