@@ -725,10 +725,17 @@ async fn scenarios_stopped_by_a_signal_leave_no_namespace_or_veth() {
             .args(["--scenario", "partition"])
             .env("INVENTORY_BIN", &bin)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            // Read after the exit: what it said, if it stopped for another reason.
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let said = tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut text).await;
+            text
+        });
         let pid = child.id().unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while netns_of(pid).len() < 2 {
@@ -743,7 +750,12 @@ async fn scenarios_stopped_by_a_signal_leave_no_namespace_or_veth() {
             .await
             .expect("it exits on the signal")
             .unwrap();
-        assert_eq!(status.code(), Some(128 + signal as i32), "{signal}");
+        let said = said.await.unwrap_or_default();
+        assert_eq!(
+            status.code(),
+            Some(128 + signal as i32),
+            "{signal}; it said:\n{said}"
+        );
         let left = netns_of(pid);
         assert!(left.is_empty(), "{signal}: left behind: {left:?}");
     }
