@@ -611,6 +611,31 @@ async fn a_retry_while_the_first_attempt_is_in_flight_never_sells_twice() {
     assert!(kept.starts_with("sold:"), "{kept}");
 }
 
+/// Sends a keyed sale to `app` in a task of its own (its answer may never come: the test
+/// kills or freezes `app`), and returns once the sale's claim is in Redis.
+async fn keyed_sale_claimed(
+    redis: &RedisServer,
+    app: &Instance,
+    query: &str,
+    key: &str,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    let original = tokio::spawn(
+        testkit::fixture::client()
+            .post(app.url(&format!("/inventory/sale?{query}")))
+            .header("idempotency-key", key)
+            .send(),
+    );
+    let claimed = redis
+        .wait_for_key(
+            &Keys::new("001").idempotency(key),
+            true,
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(claimed.is_some(), "{key}: never claimed");
+    original
+}
+
 /// An instance killed or frozen in the middle of a keyed sale stops extending its claim, so
 /// a retry elsewhere hears `in_progress` for at most the claim's lease (5 s) and a lock's
 /// lease, then sells (it heard `in_progress` for about 41 s: the wait budget, the work and
@@ -636,16 +661,7 @@ async fn a_retry_sells_once_the_instance_holding_its_key_died_or_froze() {
     ];
     for (app, strategy, key, signal) in cases {
         let query = format!("strategy={strategy}&work_ms=3000");
-        let original = tokio::spawn(
-            testkit::fixture::client()
-                .post(app.url(&format!("/inventory/sale?{query}")))
-                .header("idempotency-key", key)
-                .send(),
-        );
-        let claimed = redis
-            .wait_for_key(&keys.idempotency(key), true, Duration::from_secs(5))
-            .await;
-        assert!(claimed.is_some(), "{key}: never claimed");
+        let original = keyed_sale_claimed(&redis, app, &query, key).await;
         app.signal(signal).await;
         let stopped = Instant::now();
         let retry = loop {
@@ -682,16 +698,7 @@ async fn a_retry_sells_once_the_instance_holding_its_key_died_or_froze() {
     // Frozen past the claim's lease with nobody retrying: it wakes to a key that holds
     // nothing, sells nothing, and says so.
     let key = "held-by-the-frozen-alone";
-    let original = tokio::spawn(
-        testkit::fixture::client()
-            .post(freezing.url("/inventory/sale?strategy=atomic&work_ms=1000"))
-            .header("idempotency-key", key)
-            .send(),
-    );
-    let claimed = redis
-        .wait_for_key(&keys.idempotency(key), true, Duration::from_secs(5))
-        .await;
-    assert!(claimed.is_some(), "{key}: never claimed");
+    let original = keyed_sale_claimed(&redis, &freezing, "strategy=atomic&work_ms=1000", key).await;
     freezing.signal("STOP").await;
     let gone = redis
         .wait_for_key(&keys.idempotency(key), false, Duration::from_secs(10))
