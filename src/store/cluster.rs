@@ -318,11 +318,20 @@ impl Cluster {
                 "CLUSTER SLOTS did not answer in time",
             ))
         })??;
-        let ranges = parse_slots(&reply);
-        if !ranges.is_empty() {
-            *self.slots.write().unwrap_or_else(|p| p.into_inner()) = ranges;
-        }
+        self.adopt_slots(&reply);
         Ok(())
+    }
+
+    /// Takes the slot map a node answered `CLUSTER SLOTS` with, unless it had none (a node
+    /// outside the cluster, or one that does not know the masters' addresses yet); whether
+    /// it was taken.
+    fn adopt_slots(&self, reply: &redis::Value) -> bool {
+        let ranges = parse_slots(reply);
+        if ranges.is_empty() {
+            return false;
+        }
+        *self.slots.write().unwrap_or_else(|p| p.into_inner()) = ranges;
+        true
     }
 
     /// After a failed call on a node connection: looks the slots up again (in the
@@ -375,11 +384,7 @@ impl Cluster {
     /// `CLUSTER INFO` of the master the map names for `slot`.
     async fn owner_state(&self, slot: u16) -> RedisResult<bool> {
         let mut conn = self.owner(slot).await?.conn.clone();
-        let info: RedisResult<String> = redis::cmd("CLUSTER")
-            .arg("INFO")
-            .query_async(&mut conn)
-            .await;
-        Self::cluster_state(info)
+        Self::cluster_state(&mut conn).await
     }
 
     /// The slot map from the first node that has one: each known master, then each seed. A
@@ -410,13 +415,8 @@ impl Cluster {
             })
             .await;
             match asked {
-                Ok(Ok(reply)) => {
-                    let ranges = parse_slots(&reply);
-                    if !ranges.is_empty() {
-                        *self.slots.write().unwrap_or_else(|p| p.into_inner()) = ranges;
-                        return Ok(());
-                    }
-                }
+                Ok(Ok(reply)) if self.adopt_slots(&reply) => return Ok(()),
+                Ok(Ok(_)) => {}
                 Ok(Err(e)) => last = Some(e),
                 Err(_) => {}
             }
@@ -431,15 +431,12 @@ impl Cluster {
 
     /// `CLUSTER INFO` of a node the crate picks, when no master is known for the slot.
     async fn state_ok_anywhere(&self) -> RedisResult<bool> {
-        let mut conn = self.conn();
-        let info: RedisResult<String> = redis::cmd("CLUSTER")
-            .arg("INFO")
-            .query_async(&mut conn)
-            .await;
-        Self::cluster_state(info)
+        Self::cluster_state(&mut self.conn()).await
     }
 
-    fn cluster_state(info: RedisResult<String>) -> RedisResult<bool> {
+    /// `CLUSTER INFO` on `conn`: whether it says `cluster_state:ok`.
+    async fn cluster_state<C: redis::aio::ConnectionLike>(conn: &mut C) -> RedisResult<bool> {
+        let info: RedisResult<String> = redis::cmd("CLUSTER").arg("INFO").query_async(conn).await;
         match info {
             Ok(info) => Ok(info.lines().any(|l| l.trim() == "cluster_state:ok")),
             Err(e) if e.to_string().contains("cluster support disabled") => {
