@@ -472,8 +472,174 @@ pub fn markdown(results: &Results, svg_path: &str) -> String {
             h.rss_after_256_mib
         );
     }
+    targets_table(&mut md, results);
     let _ = write!(md, "{README_END}");
     md
+}
+
+/// One of the performance goals the bench reports on, as measured in this run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub what: String,
+    pub measured: f64,
+    pub bound: f64,
+    /// Whether the bound is a floor (`>=`) or a ceiling (`<=`).
+    pub at_least: bool,
+}
+
+impl Target {
+    fn new(what: impl Into<String>, measured: f64, bound: f64, at_least: bool) -> Self {
+        Target {
+            what: what.into(),
+            measured,
+            bound,
+            at_least,
+        }
+    }
+
+    pub fn met(&self) -> bool {
+        if self.at_least {
+            self.measured >= self.bound
+        } else {
+            self.measured <= self.bound
+        }
+    }
+
+    /// How far from the bound a target that is not met stands, in words.
+    fn verdict(&self) -> String {
+        if self.met() {
+            return "met".to_owned();
+        }
+        let by = (self.measured - self.bound).abs();
+        let missed = if self.at_least { "short by" } else { "over by" };
+        match self.bound {
+            b if b > 0.0 => format!("{missed} {} ({:.0}%)", figure(by), 100.0 * by / b),
+            _ => format!("{missed} {}", figure(by)),
+        }
+    }
+}
+
+fn figure(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// The goals of the performance work, each against what this run measured: the lock bench's
+/// at C=16 and C=64 for `lua-release` and `fenced` (ops/s against rslock's, fairness, longest
+/// acquire, timeouts, lost updates, attempts per critical section), the sale path's, memory
+/// and the load generator's. A goal whose figures this run did not measure is left out.
+pub fn targets(results: &Results) -> Vec<Target> {
+    let mut out = Vec::new();
+    for clients in [16, 64] {
+        let Some(base) = find(&results.locks, "rslock", clients) else {
+            continue;
+        };
+        for label in ["lua-release/notify", "fenced/notify"] {
+            let Some(r) = find(&results.locks, label, clients) else {
+                continue;
+            };
+            let at = |what: &str| format!("`{label}` at C={clients}: {what}");
+            let ratio = if base.ops_per_s > 0.0 {
+                r.ops_per_s / base.ops_per_s
+            } else {
+                0.0
+            };
+            out.push(Target::new(at("x rslock ops/s"), round2(ratio), 1.3, true));
+            out.push(Target::new(at("fairness"), r.fairness, 0.7, true));
+            out.push(Target::new(
+                at("max acquire ms"),
+                r.acquire_ms.max,
+                100.0,
+                false,
+            ));
+            out.push(Target::new(at("timeouts"), r.timeouts as f64, 0.0, false));
+            out.push(Target::new(
+                at("lost updates"),
+                r.lost_updates as f64,
+                0.0,
+                false,
+            ));
+            out.push(Target::new(
+                at("attempts/cs"),
+                r.attempts_per_cs,
+                1.5,
+                false,
+            ));
+        }
+    }
+    let Some(h) = &results.http else {
+        return out;
+    };
+    let serial = results.serial.get(1).map_or(0.0, |r| r.ops_per_s);
+    let sold = |name: &str| h.sales_per_s.iter().find(|(s, _)| s == name).map(|s| s.1);
+    if let Some(fenced) = sold("fenced").filter(|_| serial > 0.0) {
+        out.push(Target::new(
+            "`fenced` sales through nginx, x the serial lock cycle in Redis",
+            round2(fenced / serial),
+            0.5,
+            true,
+        ));
+    }
+    if let Some(atomic) = sold("atomic").filter(|_| h.wrk_health_rps > 0.0) {
+        // Both ways of sending the sales must reach it: the load generator's and `wrk`'s.
+        let ratio = (atomic / h.wrk_health_rps).min(median_ratio(&h.wrk_atomic_rounds));
+        out.push(Target::new(
+            "`atomic` sales through nginx, x `GET /health` (the lower of the two ways sent)",
+            round2(ratio),
+            0.7,
+            true,
+        ));
+    }
+    if let Some(rss) = h.rss_after_256_mib.iter().copied().reduce(f64::max) {
+        out.push(Target::new(
+            "RSS of the larger instance after 256 connections, MiB",
+            rss,
+            30.0,
+            false,
+        ));
+    }
+    if !h.health_rounds.is_empty() {
+        out.push(Target::new(
+            "`loadtest --health`, x `wrk` (median of the rounds)",
+            round2(median_ratio(&h.health_rounds)),
+            0.8,
+            true,
+        ));
+    }
+    out
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn targets_table(md: &mut String, results: &Results) {
+    let targets = targets(results);
+    if targets.is_empty() {
+        return;
+    }
+    let met = targets.iter().filter(|t| t.met()).count();
+    let _ = writeln!(
+        md,
+        "\n**Targets** ({met} of {} met in this run):\n",
+        targets.len()
+    );
+    let _ = writeln!(md, "| target | measured | bound | verdict |");
+    let _ = writeln!(md, "|---|---:|---|---|");
+    for t in &targets {
+        let bound = if t.at_least { ">=" } else { "<=" };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {bound} {} | {} |",
+            t.what,
+            figure(t.measured),
+            figure(t.bound),
+            t.verdict()
+        );
+    }
 }
 
 /// Replaces the section between the markers, or appends it under a heading.
@@ -620,6 +786,107 @@ mod tests {
             "{second}"
         );
         assert_eq!(second.matches("## Performance").count(), 1);
+    }
+
+    fn run(label: &str, clients: usize, ops_per_s: f64, max_ms: f64, lost: i64) -> RunReport {
+        let (strategy, wait) = label.split_once('/').unwrap_or((label, "random-retry"));
+        serde_json::from_value(serde_json::json!({
+            "strategy": strategy, "wait": wait, "clients": clients, "duration_s": 5.0,
+            "ops": 1000, "ops_per_s": ops_per_s,
+            "acquire_ms": {"p50": 0.0, "p99": max_ms / 2.0, "max": max_ms},
+            "timeouts": 0, "errors": 0, "lost_updates": lost, "fewest_ops": 80,
+            "most_ops": 100, "fairness": 0.8, "attempts_per_cs": 0.1, "commands_per_cs": 4.0,
+            "commands": {}
+        }))
+        .expect("a run report")
+    }
+
+    #[test]
+    fn every_target_is_reported_with_how_far_a_missed_one_falls_short() {
+        let locks = vec![
+            run("rslock", 64, 10_000.0, 2000.0, 0),
+            run("lua-release/notify", 64, 15_000.0, 90.0, 0),
+            run("fenced/notify", 64, 12_800.0, 101.5, 2),
+            run("fenced/notify:0", 64, 99_000.0, 1.0, 0),
+        ];
+        let results = Results {
+            machine: "test".into(),
+            locks,
+            serial: vec![],
+            http: None,
+        };
+        let targets = targets(&results);
+        assert_eq!(
+            targets.len(),
+            12,
+            "six for each of the two contenders: {targets:?}"
+        );
+        let missed: Vec<_> = targets.iter().filter(|t| !t.met()).collect();
+        let names: Vec<&str> = missed.iter().map(|t| t.what.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "`fenced/notify` at C=64: x rslock ops/s",
+                "`fenced/notify` at C=64: max acquire ms",
+                "`fenced/notify` at C=64: lost updates",
+            ],
+            "the plain hand-off is not what the targets are about"
+        );
+        assert_eq!(missed[0].verdict(), "short by 0.02 (2%)");
+        assert_eq!(missed[1].verdict(), "over by 1.50 (2%)");
+        assert_eq!(missed[2].verdict(), "over by 2");
+        let md = markdown(&results, "x.svg");
+        assert!(md.contains("**Targets** (9 of 12 met in this run)"), "{md}");
+        assert!(
+            md.contains(
+                "| `fenced/notify` at C=64: x rslock ops/s | 1.28 | >= 1.30 | short by 0.02 (2%) |"
+            ),
+            "{md}"
+        );
+        assert!(md.trim_end().ends_with(README_END));
+    }
+
+    #[test]
+    fn the_http_targets_take_the_worse_of_the_two_ways_of_sending_and_the_larger_instance() {
+        let h = HttpFigures {
+            connections: 64,
+            wrk_health_rps: 40_000.0,
+            worker_threads: 1,
+            loadtest_health_rps: 36_000.0,
+            health_rounds: vec![
+                (40_000.0, 30_000.0),
+                (40_000.0, 36_000.0),
+                (40_000.0, 34_000.0),
+            ],
+            sales_per_s: vec![("fenced".into(), 1_000.0), ("atomic".into(), 32_000.0)],
+            sale_errors: vec![],
+            wrk_atomic_rounds: vec![(40_000.0, 26_000.0)],
+            wrk_atomic_non_2xx: 0,
+            rss_idle_mib: vec![12.0, 12.0],
+            rss_after_256_mib: vec![16.0, 31.5],
+        };
+        let results = Results {
+            machine: "test".into(),
+            locks: vec![],
+            serial: vec![
+                run("fenced/notify", 1, 6000.0, 1.0, 0),
+                run("fenced/notify:0", 1, 3000.0, 1.0, 0),
+            ],
+            http: Some(h),
+        };
+        let verdicts: Vec<(String, bool)> = targets(&results)
+            .into_iter()
+            .map(|t| (format!("{} {}", t.what, t.measured), t.met()))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                ("`fenced` sales through nginx, x the serial lock cycle in Redis 0.33".into(), false),
+                ("`atomic` sales through nginx, x `GET /health` (the lower of the two ways sent) 0.65".into(), false),
+                ("RSS of the larger instance after 256 connections, MiB 31.5".into(), false),
+                ("`loadtest --health`, x `wrk` (median of the rounds) 0.85".into(), true),
+            ]
+        );
     }
 
     #[test]
