@@ -207,6 +207,12 @@ impl Seller {
         self.items.default_item().locks.nodes()
     }
 
+    /// Every command a sale of `strategy` on the default item may send to the stock's Redis
+    /// ([`crate::lock::acl`]).
+    pub fn acl_needs(&self, strategy: Strategy) -> Vec<crate::lock::acl::Need> {
+        self.items.default_item().locks.acl_needs(strategy)
+    }
+
     /// How long a quorum sale waits for one lock node ([`crate::lock::Locks::node_bound`]).
     pub fn node_bound(&self) -> std::time::Duration {
         self.items.default_item().locks.node_bound()

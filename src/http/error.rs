@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::sale::SaleError;
+use crate::strategy::Strategy;
 
 /// Every error body: a stable machine code and a sentence for people.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -56,6 +57,9 @@ pub enum ApiError {
     MayEvict(String),
     /// The server is a replica: every write would be refused.
     Replica,
+    /// 503 `redis_auth_failed` from `/ready`: the Redis user may not run a command (named,
+    /// with its key) that sales of the default strategy send.
+    MayNotRun { what: String, strategy: Strategy },
 }
 
 impl ApiError {
@@ -330,6 +334,15 @@ impl ApiError {
                  writable replica, lost at its next sync with the master; REDIS_URL must name \
                  the master (or use REDIS_SENTINELS)"
                     .to_owned(),
+            ),
+            ApiError::MayNotRun { what, strategy } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "redis_auth_failed",
+                format!(
+                    "the Redis user (REDIS_URL) may not run {what}, which sales of `{strategy}` \
+                     (LOCK_STRATEGY) send: they would answer 503 redis_auth_failed; grant it in \
+                     Redis's ACL (`ACL SETUSER`)"
+                ),
             ),
             ApiError::MayEvict(policy) => (
                 StatusCode::SERVICE_UNAVAILABLE,

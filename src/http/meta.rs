@@ -120,7 +120,7 @@ async fn health(State(app): State<Arc<AppState>>) -> Json<Status> {
             example = json!({"status": "ready", "instance": "app1:7777", "lock_nodes": [
                 {"node": "127.0.0.1:7001", "ok": true}, {"node": "127.0.0.1:7002", "ok": false},
                 {"node": "127.0.0.1:7003", "ok": true}]})),
-        (status = 503, description = "Redis did not answer, or fewer than a majority of the lock nodes did (the message names each that did not, and why), or (`not_replicated`) the master has fewer replicas online than `REPLICA_ACKS`, or Redis answers as a read-only replica or refuses writes (`NOREPLICAS` under `min-replicas-to-write`, `MISCONF`, `OOM`), or (`redis_may_evict`) Redis may evict keys (`maxmemory` with a `maxmemory-policy` other than `noeviction`)", body = ErrorBody,
+        (status = 503, description = "Redis did not answer, or fewer than a majority of the lock nodes did (the message names each that did not, and why), or (`not_replicated`) the master has fewer replicas online than `REPLICA_ACKS`, or Redis answers as a read-only replica or refuses writes (`NOREPLICAS` under `min-replicas-to-write`, `MISCONF`, `OOM`), or (`redis_auth_failed`) the Redis user may not run a command that sales of the default strategy send (the message names it and its key; a lock node's, in its entry), or (`redis_may_evict`) Redis may evict keys (`maxmemory` with a `maxmemory-policy` other than `noeviction`)", body = ErrorBody,
             example = json!({"error": "redis_unavailable", "message": "Redis did not answer; retry shortly"})),
     )
 )]
@@ -147,8 +147,19 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
         return Err(ApiError::MayEvict(policy));
     }
     // A master that answers PING may still refuse every write (`min-replicas-to-write`
-    // unmet, a save failing, memory full): asked without writing.
-    app.seller.store().writable().await?;
+    // unmet, a save failing, memory full), or refuse its user a command the sales need:
+    // asked without writing or running any of them.
+    let needs = app.seller.acl_needs(app.default_strategy);
+    let checks: Vec<(&str, &[String])> = needs
+        .iter()
+        .map(|n| (n.command, n.args.as_slice()))
+        .collect();
+    if let Some(refused) = app.seller.store().writable(&checks).await? {
+        return Err(ApiError::MayNotRun {
+            what: needs[refused].describe(),
+            strategy: app.default_strategy,
+        });
+    }
     // With REPLICA_ACKS, a master without enough replicas refuses every locked sale: not
     // ready, whatever PING says.
     let wanted = app.seller.store().replication().acks;
@@ -171,6 +182,10 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
             Ok(Err(e)) if let Some(why) = crate::store::write_refusal(e) => {
                 Some(format!("refuses writes, and so every vote: {why}"))
             }
+            Ok(Err(e)) if e.code() == Some("NOPERM") => Some(format!(
+                "its user may not run {}, which every vote sends (the node's ACL)",
+                e.detail().unwrap_or("a command")
+            )),
             Ok(Err(e)) => Some(format!("failed: {}", e.category())),
             Err(_) => Some(format!("no answer within {} ms", bound.as_millis())),
         })
@@ -235,7 +250,19 @@ async fn check_node(node: &crate::store::Store) -> redis::RedisResult<Option<Str
         )));
     }
     // So does a node that refuses writes (NOREPLICAS, OOM, MISCONF): it refuses every vote
-    // too, and `/ready` listed it `ok` while every quorum sale answered 503.
-    node.writable().await?;
+    // too, and `/ready` listed it `ok` while every quorum sale answered 503. And one whose
+    // user may not run a command of the vote.
+    let needs = crate::lock::acl::node_needs(&node.keys);
+    let checks: Vec<(&str, &[String])> = needs
+        .iter()
+        .map(|n| (n.command, n.args.as_slice()))
+        .collect();
+    if let Some(refused) = node.writable(&checks).await? {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+            "may not run",
+            needs[refused].describe(),
+        )));
+    }
     unless_refused(node.eviction_policy().await)
 }

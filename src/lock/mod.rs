@@ -10,6 +10,7 @@
 //! implements it, so a new strategy is a file here, a variant and a row there, and one arm
 //! of that macro. Locks spanning several Redis nodes find them in [`LockCx::nodes`].
 
+pub mod acl;
 mod atomic;
 mod cohort;
 mod fenced;
@@ -503,6 +504,22 @@ impl Locks {
             tenure_mean: Arc::default(),
         };
         Self::listening(cx, self.mode).with_tenure(self.tenure)
+    }
+
+    /// Every command a sale of `strategy` may send to the stock's Redis, with its key
+    /// ([`acl`]), as this instance reaches Redis.
+    pub fn acl_needs(&self, strategy: Strategy) -> Vec<acl::Need> {
+        let keys = &self.cx.store.keys;
+        let inbox = match self.waiter.inbox() {
+            Some(inbox) => inbox.to_string(),
+            None => keys.inbox("acl-check"),
+        };
+        let reach = acl::Reach {
+            wait: self.mode,
+            pooled: self.cx.store.uses_pool(),
+            acks: self.cx.store.replication().acks > 0,
+        };
+        acl::needs(strategy, keys, &inbox, reach)
     }
 
     /// The store of this item.

@@ -1019,14 +1019,19 @@ impl Store {
     /// one that may write (`lua/writable.lua`) is refused up front where a sale's write would
     /// be refused part way (`READONLY`, `NOREPLICAS`, `MISCONF`, `OOM`), and that refusal is
     /// the error. `Ok` on a cluster, where each item has a master of its own.
-    pub async fn writable(&self) -> RedisResult<()> {
+    ///
+    /// Each of `checks` (a command and its arguments, key first) is checked against the user's
+    /// ACL in the same step, without running it: `Some(i)` when the user may not run
+    /// `checks[i]` (the first such).
+    pub async fn writable(&self, checks: &[(&str, &[String])]) -> RedisResult<Option<usize>> {
         if self.cluster.is_some() {
-            return Ok(());
+            return Ok(None);
         }
-        let probe = &scripts::writable();
-        self.call(|mut c| async move { probe.invoke_async::<i64>(&mut c).await })
-            .await
-            .map(drop)
+        let probe = &scripts::writable(checks.iter().copied());
+        let refused: usize = self
+            .call(|mut c| async move { probe.invoke_async(&mut c).await })
+            .await?;
+        Ok(refused.checked_sub(1))
     }
 
     /// The eviction policy of a Redis that may evict keys (`maxmemory` set, and a
@@ -1249,6 +1254,11 @@ impl Store {
     /// connection of its own (`REDIS_CONNECTION=pool`, or `REPLICA_ACKS`, whose calls each
     /// take one). A release sent after a write that went unanswered then reaches Redis
     /// behind that write, wherever the write is held.
+    /// Whether every call takes a pooled connection of its own (`REDIS_CONNECTION=pool`).
+    pub fn uses_pool(&self) -> bool {
+        self.pool_settings.mode == ConnectionMode::Pool
+    }
+
     pub fn calls_in_order(&self) -> bool {
         self.replication.acks == 0 && self.pool_settings.mode == ConnectionMode::Multiplexed
     }

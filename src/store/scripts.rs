@@ -56,10 +56,17 @@ fencing_script!(DRAW_FENCES, "draw_fences.lua");
 // One builder per script: the only place that knows its KEYS and ARGV layout, used by
 // the store, the locks and the Lua tests alike.
 
-/// 1 when Redis takes writes now; its refusal (`READONLY`, `NOREPLICAS`, `MISCONF`, `OOM`)
-/// otherwise. Writes nothing.
-pub fn writable() -> ScriptInvocation<'static> {
-    WRITABLE.prepare_invoke()
+/// 0 when Redis takes writes now and the user may run each of `checks` (a command and its
+/// arguments, key first), else the number (from 1) of the first one refused; Redis's refusal
+/// of a write (`READONLY`, `NOREPLICAS`, `MISCONF`, `OOM`) as an error. Runs none of them.
+pub fn writable<'a>(
+    checks: impl IntoIterator<Item = (&'a str, &'a [String])>,
+) -> ScriptInvocation<'static> {
+    let mut i = WRITABLE.prepare_invoke();
+    for (command, args) in checks {
+        i.arg(args.len() + 1).arg(command).arg(args);
+    }
+    i
 }
 
 /// `{1, 0}` when taken or re-entered, `{0, pttl}` when another owner holds it.

@@ -3,6 +3,7 @@
 // A panic is how a test reports a failure.
 #![allow(clippy::unwrap_used)]
 
+mod acl;
 mod api;
 mod attack;
 mod browser;
