@@ -291,11 +291,11 @@ async fn a_lock_node_whose_user_may_not_vote_is_not_ok_and_says_why() {
     }
     let ready = app.get("/ready").await;
     assert_eq!(ready.status, 200, "{ready:?}");
-    let states: Vec<bool> = ready.body["lock_nodes"]
-        .as_array()
-        .map(|n| n.iter().map(|n| n["ok"] == true).collect())
-        .unwrap_or_default();
-    assert_eq!(states, [true, true, false], "{ready:?}");
+    assert_eq!(
+        crate::harness::node_states(&ready.body),
+        [true, true, false],
+        "{ready:?}"
+    );
     app.reset(5).await;
     let sale = app.sale("strategy=redlock-fenced").await;
     assert_eq!(sale.status, 200, "two votes of three: {sale:?}");

@@ -77,3 +77,11 @@ pub fn host_port(app: &testkit::fixture::Instance) -> String {
         .trim_end_matches('/')
         .to_owned()
 }
+
+/// Whether each lock node `/ready` lists is ok, in order.
+pub fn node_states(ready: &serde_json::Value) -> Vec<bool> {
+    ready["lock_nodes"]
+        .as_array()
+        .map(|nodes| nodes.iter().map(|n| n["ok"] == true).collect())
+        .unwrap_or_default()
+}

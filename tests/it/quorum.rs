@@ -9,6 +9,8 @@ use inventory::config::Config;
 use serde_json::Value;
 use testkit::fixture::{Instance, InstanceBuilder, RedisServer};
 
+use crate::harness::node_states;
+
 const QUORUM_STRATEGIES: [&str; 2] = ["redlock", "redlock-fenced"];
 
 /// The `LOCK_NODES` setting naming `nodes`.
@@ -52,13 +54,6 @@ async fn refused_soon(app: &Instance, strategy: &str, bound: Duration) {
         message.contains("lock nodes") && message.contains("nothing was sold"),
         "{strategy}: {message}"
     );
-}
-
-fn node_states(ready: &Value) -> Vec<bool> {
-    ready["lock_nodes"]
-        .as_array()
-        .map(|nodes| nodes.iter().map(|n| n["ok"] == true).collect())
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1012,11 +1012,11 @@ async fn a_redis_user_without_info_is_ready_and_sells() {
         .await;
     let ready = app.get("/ready").await;
     assert_eq!(ready.status, 200, "{ready:?}");
-    let states: Vec<bool> = ready.body["lock_nodes"]
-        .as_array()
-        .map(|n| n.iter().map(|n| n["ok"] == true).collect())
-        .unwrap_or_default();
-    assert_eq!(states, [true, true, true], "{ready:?}");
+    assert_eq!(
+        crate::harness::node_states(&ready.body),
+        [true, true, true],
+        "{ready:?}"
+    );
     app.reset(5).await;
     for strategy in ["fenced", "redlock-fenced"] {
         let sale = app.sale(&format!("strategy={strategy}")).await;
