@@ -21,7 +21,8 @@ use crate::config::{Config, REDIS_URL_FORM};
 use crate::hangup::Peer;
 use crate::http::{self, AppState};
 use crate::items::Items;
-use crate::lock::Locks;
+use crate::lock::acl::Need;
+use crate::lock::{Locks, Strategy};
 use crate::metrics::Metrics;
 use crate::sale::Seller;
 use crate::store::Store;
@@ -67,7 +68,6 @@ pub fn build(config: &Config) -> anyhow::Result<(axum::Router, Items)> {
     .with_pool(config.pool())
     .and_then(|store| store.with_replication(config.replication()))
     .map_err(|e| anyhow::anyhow!("cannot build the Redis pool ({:?})", e.kind()))?;
-    tokio::spawn(report_redis_at_start(store.clone()));
     let metrics = store.metrics_handle();
     let locks = Locks::new(
         store,
@@ -78,6 +78,12 @@ pub fn build(config: &Config) -> anyhow::Result<(axum::Router, Items)> {
     .with_tenure(Duration::from_millis(config.lock_tenure_ms))
     .with_nodes(lock_nodes(config, metrics)?);
     check_quorum_setup(config, locks.nodes())?;
+    let needs = locks.acl_needs(config.lock_strategy);
+    tokio::spawn(report_redis_at_start(
+        locks.store().clone(),
+        needs,
+        config.lock_strategy,
+    ));
     let items = Items::new(locks, config.item_idle());
     let state = AppState {
         seller: Seller {
@@ -437,7 +443,7 @@ async fn report_node_at_start(node: Store) {
     }
 }
 
-async fn report_redis_at_start(store: Store) {
+async fn report_redis_at_start(store: Store, needs: Vec<Need>, strategy: Strategy) {
     match store.ping().await {
         Ok(()) => {
             tracing::info!("redis reachable");
@@ -452,6 +458,15 @@ async fn report_redis_at_start(store: Store) {
                      keys, cannot be checked"
                 ),
                 _ => {}
+            }
+            // A command the sales need, refused to the user: said now, not at the first sale.
+            if let Ok(Some(refused)) = store.writable(&crate::lock::acl::checks(&needs)).await {
+                tracing::error!(
+                    "the Redis user may not run {}, which sales of {strategy} (LOCK_STRATEGY) \
+                     send: /ready answers 503 redis_auth_failed, and those sales fail, until \
+                     Redis's ACL grants it",
+                    needs[refused].describe()
+                );
             }
             if let Ok(Some(policy)) = store.eviction_policy().await {
                 tracing::error!(

@@ -150,10 +150,7 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
     // unmet, a save failing, memory full), or refuse its user a command the sales need:
     // asked without writing or running any of them.
     let needs = app.seller.acl_needs(app.default_strategy);
-    let checks: Vec<(&str, &[String])> = needs
-        .iter()
-        .map(|n| (n.command, n.args.as_slice()))
-        .collect();
+    let checks = crate::lock::acl::checks(&needs);
     if let Some(refused) = app.seller.store().writable(&checks).await? {
         return Err(ApiError::MayNotRun {
             what: needs[refused].describe(),
@@ -253,11 +250,7 @@ async fn check_node(node: &crate::store::Store) -> redis::RedisResult<Option<Str
     // too, and `/ready` listed it `ok` while every quorum sale answered 503. And one whose
     // user may not run a command of the vote.
     let needs = crate::lock::acl::node_needs(&node.keys);
-    let checks: Vec<(&str, &[String])> = needs
-        .iter()
-        .map(|n| (n.command, n.args.as_slice()))
-        .collect();
-    if let Some(refused) = node.writable(&checks).await? {
+    if let Some(refused) = node.writable(&crate::lock::acl::checks(&needs)).await? {
         return Err(redis::RedisError::from((
             redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
             "may not run",

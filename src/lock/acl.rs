@@ -49,6 +49,14 @@ impl Need {
     }
 }
 
+/// `needs` as [`crate::store::Store::writable`] takes them.
+pub fn checks(needs: &[Need]) -> Vec<(&str, &[String])> {
+    needs
+        .iter()
+        .map(|n| (n.command, n.args.as_slice()))
+        .collect()
+}
+
 /// How the instance reaches Redis, as far as the commands sent depend on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reach {

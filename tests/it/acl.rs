@@ -300,3 +300,21 @@ async fn a_lock_node_whose_user_may_not_vote_is_not_ok_and_says_why() {
     let sale = app.sale("strategy=redlock-fenced").await;
     assert_eq!(sale.status, 200, "two votes of three: {sale:?}");
 }
+
+/// The start says what the user may not run, before any sale or `/ready` finds it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_start_names_a_command_the_user_may_not_run() {
+    let redis = RedisServer::start().await;
+    let mut admin = redis.conn().await;
+    let rules = ["on", ">pw", "~*", "&*", "+@all", "-setbit"].map(str::to_owned);
+    set_user(&mut admin, &rules).await;
+    let app = limited(&redis, "app1", "atomic", "notify").await;
+    let named = "may not run SETBIT inventory:{001}:sold, which sales of atomic";
+    for _ in 0..50 {
+        if app.log().contains(named) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("{}", app.log());
+}
