@@ -75,7 +75,13 @@ pub fn build(config: &Config) -> anyhow::Result<(axum::Router, Items)> {
         config.lock_wait,
         Duration::from_millis(config.release_gap_ms),
     )
-    .with_tenure(Duration::from_millis(config.lock_tenure_ms))
+    // With no wait budget a sale never waits for a tenure to pass the lock to it: one that
+    // arrived while a sibling ended its tenure (its release in flight) was refused on an
+    // otherwise idle instance. Passing needs waiting; without it every release goes to Redis.
+    .with_tenure(match config.lock_wait_ms {
+        0 => Duration::ZERO,
+        _ => Duration::from_millis(config.lock_tenure_ms),
+    })
     .with_nodes(lock_nodes(config, metrics)?);
     check_quorum_setup(config, locks.nodes())?;
     let needs = locks.acl_needs(config.lock_strategy);

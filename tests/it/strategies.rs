@@ -346,3 +346,48 @@ async fn fenced_keeps_its_lock_through_work_longer_than_the_ttl() {
         "{slow:?} {fast:?}"
     );
 }
+
+/// `LOCK_WAIT_MS=0`: no waiting, but a free lock is still taken. From outside, every sale of
+/// a strategy that passes its lock within a tenure (the default, `fenced`, among them)
+/// answered 503 `lock_timeout` on an idle instance, "the lock stayed held for 0 ms". For
+/// every lock strategy, in every wait mode: sales one after another all sell; one arriving
+/// while another holds the lock answers `lock_timeout` at once and sells nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_no_wait_budget_a_free_lock_is_taken_and_a_held_one_refused_at_once() {
+    let strategies = [
+        "setnx-ttl",
+        "owner-check",
+        "lua-release",
+        "reentrant",
+        "watchdog",
+        "fenced",
+        "redlock",
+        "redlock-fenced",
+    ];
+    for wait in ["notify", "pubsub", "spin"] {
+        let cluster = Cluster::start(1, |b| b.env("LOCK_WAIT_MS", 0).env("LOCK_WAIT", wait)).await;
+        let app = &cluster.instances[0];
+        app.reset(100).await;
+        for strategy in strategies {
+            for _ in 0..3 {
+                let sale = app.sale(&format!("strategy={strategy}")).await;
+                assert_eq!(sale.status, 200, "{wait}, {strategy}, lock free: {sale:?}");
+            }
+            let query = format!("strategy={strategy}&work_ms=400");
+            let (holder, refused) = tokio::join!(app.sale(&query), async {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                app.sale(&format!("strategy={strategy}")).await
+            });
+            assert_eq!(holder.status, 200, "{wait}, {strategy}: {holder:?}");
+            assert_eq!(
+                (refused.status, refused.error_code()),
+                (503, "lock_timeout"),
+                "{wait}, {strategy}, lock held: {refused:?}"
+            );
+            assert!(refused.elapsed < Duration::from_millis(200), "{refused:?}");
+        }
+        let audit = app.audit().await;
+        assert_eq!(audit["sales"], 4 * strategies.len(), "{wait}: {audit}");
+        assert_eq!(audit["clean"], true, "{wait}: {audit}");
+    }
+}
