@@ -1725,3 +1725,57 @@ async fn a_request_sent_during_a_stop_longer_than_the_header_deadline_is_served_
     );
     assert_eq!(app.audit().await["sales"], 4);
 }
+
+/// Under `REDIS_CONNECTION=pool` the pool recycles each idle connection with a `PING`
+/// bounded by the timeout, one after another: with Redis frozen, one sale tried every idle
+/// connection in turn and answered after 17 and 27 timeouts (found from outside). A checkout
+/// is bounded as a whole: the 503 comes within a few timeouts, however many idle connections.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_redis_costs_a_pooled_sale_a_few_timeouts_however_large_the_pool() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_CONNECTION", "pool")
+        .env("REDIS_TIMEOUT_MS", 250)
+        .start()
+        .await;
+    app.reset(1000).await;
+    // `optimistic` sales of different items at once each hold a pooled connection through
+    // their work, and leave that many idle connections behind.
+    let client = testkit::fixture::client();
+    for i in 0..24 {
+        let put = client
+            .put(app.url(&format!("/inventory/p{i}")))
+            .json(&serde_json::json!({"stock": 5}));
+        assert_eq!(app.send(put).await.status, 200);
+    }
+    let sales = (0..24).map(|i| {
+        let url = app.url(&format!(
+            "/inventory/p{i}/sale?strategy=optimistic&work_ms=150"
+        ));
+        app.send(client.post(url))
+    });
+    for sale in futures_util::future::join_all(sales).await {
+        assert_eq!(sale.status, 200, "{sale:?}");
+    }
+    let metrics = app.get("/metrics").await;
+    let open: f64 = metrics
+        .body
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("inventory_redis_pool_open "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(open >= 12.0, "idle pooled connections: {open}");
+    redis.signal("STOP").await;
+    let sale = app.sale("strategy=atomic").await;
+    redis.signal("CONT").await;
+    // 504 when a connection was taken and the script sent, 503 when none answered.
+    assert!(matches!(sale.status, 503 | 504), "{sale:?}");
+    assert!(
+        sale.elapsed < Duration::from_millis(1500),
+        "{} idle connections: {:?}",
+        open,
+        sale.elapsed
+    );
+}
