@@ -89,6 +89,11 @@ const ENTRY_LEASE: Duration = Duration::from_secs(1);
 /// found within this).
 const REFRESH: Duration = Duration::from_millis(250);
 
+/// How long a listening connection (the signal popper's, a release subscription) outlives
+/// the last wait that needed it: contention that pauses for a moment keeps it, an item
+/// nobody waits for any more gives it back to Redis.
+const LINGER: Duration = Duration::from_secs(1);
+
 /// Bounds of how long a queued arrival waits for a signal before it tries anyway.
 const MIN_YIELD: Duration = Duration::from_millis(2);
 const MAX_YIELD: Duration = STALL;
@@ -105,6 +110,8 @@ enum Backend {
     Spin,
     PubSub {
         releases: Arc<Notify>,
+        /// The waits that need the subscription: it is made only while there are some.
+        listeners: Arc<Listeners>,
         /// Dropped with the `Waiter`, it ends the subscription.
         _stop: oneshot::Sender<()>,
     },
@@ -122,11 +129,13 @@ impl Waiter {
             WaitMode::Spin => Backend::Spin,
             WaitMode::Pubsub => {
                 let releases = Arc::new(Notify::new());
+                let listeners = Arc::new(Listeners::default());
                 let (stop, stopped) = oneshot::channel::<()>();
-                let subscription = subscribe(
+                let subscription = subscribe_while_waited(
                     store.clone(),
                     keys.released.clone(),
                     Arc::downgrade(&releases),
+                    listeners.clone(),
                 );
                 // The subscription ends with its `Waiter`, not at the next message: an
                 // item nobody sells any more publishes none, and would keep its
@@ -139,6 +148,7 @@ impl Waiter {
                 });
                 Backend::PubSub {
                     releases,
+                    listeners,
                     _stop: stop,
                 }
             }
@@ -284,7 +294,7 @@ impl Waiter {
                     waited: started.elapsed(),
                 });
             }
-            queue.wanted.notify_one();
+            registration.queued();
             let now = Instant::now();
             let lease_end = retry_in.map_or(deadline, |r| now + r).min(deadline);
             let handed = tokio::select! {
@@ -394,6 +404,9 @@ impl Waiter {
         Fut: Future<Output = RedisResult<Attempt>>,
     {
         let started = Instant::now();
+        // Held from the first busy attempt on: the subscription is made while some sale
+        // waits (and says so when it is, waking the waits to look again).
+        let mut listening = None;
         loop {
             let released = match &self.backend {
                 Backend::PubSub { releases, .. } => Some(releases.notified()),
@@ -408,6 +421,9 @@ impl Waiter {
                 Tried::Acquired(fence) => return Ok(fence),
                 Tried::Busy { lease_end } => lease_end,
             };
+            if let Backend::PubSub { listeners, .. } = &self.backend {
+                listening.get_or_insert_with(|| listeners.enter());
+            }
             let now = Instant::now();
             match released.as_pin_mut() {
                 Some(released) if self.mode == WaitMode::Pubsub => {
@@ -466,6 +482,10 @@ struct Queue {
 
 /// A hand-off waiter, as the signal popper sees it.
 enum Slot {
+    /// Its first attempt is under way: if it queues, it says so ([`Handoff::queued`]), and
+    /// only then does the popper listen for it (most acquisitions never wait, and listening
+    /// takes a connection).
+    Trying(oneshot::Sender<String>),
     Waiting(oneshot::Sender<String>),
     /// Its sale was cancelled while queued; its entry in Redis lives on until it expires,
     /// and a hand-off that still arrives for it is released.
@@ -492,7 +512,7 @@ impl Queue {
     fn expect_handoff(&self, owner: Arc<str>) -> Handoff<'_> {
         let (tx, rx) = oneshot::channel();
         if let Ok(mut handoffs) = self.handoffs.lock() {
-            handoffs.insert(owner.clone(), Slot::Waiting(tx));
+            handoffs.insert(owner.clone(), Slot::Trying(tx));
         }
         // The popper is woken only once the waiter has queued (most acquisitions never
         // wait): a hand-off that arrives before that lies in the inbox until it listens.
@@ -514,11 +534,11 @@ impl Queue {
             .lock()
             .map(|mut h| {
                 h.retain(|_, slot| match slot {
-                    Slot::Waiting(_) => true,
+                    Slot::Trying(_) | Slot::Waiting(_) => true,
                     // Its entry expired in Redis: no release hands it anything any more.
                     Slot::Cancelled(at) => now < *at + ENTRY_LEASE + Duration::from_secs(1),
                 });
-                !h.is_empty()
+                h.values().any(|slot| !matches!(slot, Slot::Trying(_)))
             })
             .unwrap_or(false);
         pending || expecting
@@ -531,7 +551,7 @@ impl Queue {
         let owner = Handed::parse(&message)?.owner;
         let slot = self.handoffs.lock().ok()?.remove(owner)?;
         match slot {
-            Slot::Waiting(tx) => tx.send(message).err(),
+            Slot::Trying(tx) | Slot::Waiting(tx) => tx.send(message).err(),
             Slot::Cancelled(_) => Some(message),
         }
     }
@@ -647,6 +667,20 @@ impl Handoff<'_> {
         }
     }
 
+    /// Its attempt queued it in Redis: from now on the popper listens for its hand-off.
+    fn queued(&self) {
+        if let Ok(mut handoffs) = self.queue.handoffs.lock() {
+            let slot = match handoffs.remove(&self.owner) {
+                Some(Slot::Trying(tx)) => Some(Slot::Waiting(tx)),
+                other => other,
+            };
+            if let Some(slot) = slot {
+                handoffs.insert(self.owner.clone(), slot);
+            }
+        }
+        self.queue.wanted.notify_one();
+    }
+
     /// The wait ended by an attempt (acquired, or left the queue): a message that arrived
     /// meanwhile is the same hand-off, already taken by that attempt.
     fn finish(&mut self) {
@@ -695,7 +729,11 @@ async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
     let mut conn: Option<MultiplexedConnection> = None;
     let mut moves = store.master_moves();
     while !queue.closed.load(Ordering::Relaxed) {
-        // Idle until someone waits: an instance without waiters must not take signals.
+        // Idle until someone waits: an instance without waiters must not take signals. Its
+        // connection is closed once nobody has waited for [`LINGER`]: one connection per item
+        // ever waited for, kept until the item's machinery was dropped, let one client
+        // selling 10,000 items in a few seconds take every connection Redis allows (found
+        // from outside). Now an item holds one only while its sales wait.
         loop {
             let wanted = queue.wanted.notified();
             tokio::pin!(wanted);
@@ -709,7 +747,14 @@ async fn pop_signals(store: Store, keys: Keys, queue: Arc<Queue>) {
             {
                 break;
             }
-            wanted.await;
+            if conn.is_some() {
+                tokio::select! {
+                    () = wanted => {}
+                    () = sleep(LINGER) => conn = None,
+                }
+            } else {
+                wanted.await;
+            }
         }
         if conn.is_none() {
             // Seen before the client is taken: a move after it reconnects once more.
@@ -853,6 +898,78 @@ async fn blocking_connection(store: &Store) -> RedisResult<MultiplexedConnection
     client
         .get_multiplexed_async_connection_with_config(&config)
         .await
+}
+
+/// The waits of one item that need its release subscription (`LOCK_WAIT=pubsub`).
+#[derive(Default)]
+struct Listeners {
+    waiting: std::sync::atomic::AtomicUsize,
+    wanted: Notify,
+}
+
+/// One wait that needs the subscription, until it is dropped.
+struct Listening(Arc<Listeners>);
+
+impl Listeners {
+    fn enter(self: &Arc<Self>) -> Listening {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        self.wanted.notify_one();
+        Listening(self.clone())
+    }
+
+    fn waited(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > 0
+    }
+
+    async fn until_waited(&self) {
+        loop {
+            let wanted = self.wanted.notified();
+            tokio::pin!(wanted);
+            wanted.as_mut().enable();
+            if self.waited() {
+                return;
+            }
+            wanted.await;
+        }
+    }
+
+    /// Once nobody has waited at one look, [`LINGER`] after the previous.
+    async fn until_unwaited(&self) {
+        let mut look = tokio::time::interval(LINGER);
+        look.tick().await;
+        loop {
+            look.tick().await;
+            if !self.waited() {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The release subscription, made only while a sale of the item waits and dropped (its
+/// connection closed) once none has for [`LINGER`]: one per item ever sold, kept until the
+/// item's machinery was dropped, let one client selling 10,000 items take every connection
+/// Redis allows (found from outside). A subscription made late misses nothing: it wakes
+/// every wait once it is made.
+async fn subscribe_while_waited(
+    store: Store,
+    channel: String,
+    releases: Weak<Notify>,
+    listeners: Arc<Listeners>,
+) {
+    loop {
+        listeners.until_waited().await;
+        tokio::select! {
+            () = subscribe(store.clone(), channel.clone(), releases.clone()) => return,
+            () = listeners.until_unwaited() => {}
+        }
+    }
 }
 
 /// Keeps one subscription alive for as long as anyone listens (`LOCK_WAIT=pubsub`).

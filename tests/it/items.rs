@@ -462,8 +462,8 @@ async fn head_on_an_item_sale_never_sells_and_every_sale_parameter_works_on_item
 #[tokio::test(flavor = "multi_thread")]
 async fn the_lock_machinery_of_items_nobody_sells_any_more_is_dropped() {
     let redis = RedisServer::start().await;
-    // Pub/sub waiting subscribes for as long as an item's machinery lives: each live item is
-    // a subscribed channel and a connection Redis can count.
+    // Pub/sub waiting subscribes while an item's sales wait: each such item is a subscribed
+    // channel and a connection Redis can count, for a moment; its machinery lives longer.
     let app = InstanceBuilder::new(&redis, "app1")
         .env("LOCK_WAIT", "pubsub")
         .env("ITEM_IDLE_MS", "3000")
@@ -487,9 +487,13 @@ async fn the_lock_machinery_of_items_nobody_sells_any_more_is_dropped() {
 
     let items: Vec<String> = (0..24).map(|n| format!("burst-{n}")).collect();
     for item in &items {
-        stock_item(&app, item, 1).await;
+        stock_item(&app, item, 2).await;
     }
-    let sales = items.iter().map(|item| sell(&app, item, "strategy=fenced"));
+    // Two sales at once per item: one waits, and its item subscribes for the wait.
+    let sales = items
+        .iter()
+        .flat_map(|item| [item, item])
+        .map(|item| sell(&app, item, "strategy=fenced&work_ms=200"));
     for reply in futures_util::future::join_all(sales).await {
         assert_eq!(reply.status, 200, "{reply:?}");
     }
@@ -526,7 +530,7 @@ async fn the_lock_machinery_of_items_nobody_sells_any_more_is_dropped() {
             .await
             .unwrap();
         let now = clients(now);
-        if live == ["inventory:{001}:lock:released"]
+        if !live.iter().any(|ch| ch.contains("{burst-"))
             && gauge.as_deref() == Some("inventory_items_live 0")
             && now <= before
         {
@@ -546,4 +550,82 @@ async fn the_lock_machinery_of_items_nobody_sells_any_more_is_dropped() {
         200,
         "the default item never left"
     );
+}
+
+/// Redis's connections now: `connected_clients`, less the one asking.
+async fn redis_clients(redis: &RedisServer) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(&mut redis.conn().await)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse::<i64>().ok())
+        .unwrap_or(0)
+        - 1
+}
+
+/// An item's waiters listen on a connection of their own (`notify`'s blocking pop, `pubsub`'s
+/// subscription). Kept from an item's first sale until its machinery was dropped, one client
+/// selling 10,000 items in a few seconds took every connection Redis allows, and every other
+/// client was refused (found from outside). Sales that never wait take none, however many
+/// items; contended items take one each while they wait, and give it back soon after.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_items_whose_sales_wait_hold_a_listening_connection_and_not_for_long() {
+    for wait in ["notify", "pubsub"] {
+        let redis = RedisServer::start().await;
+        let app = InstanceBuilder::new(&redis, "app1")
+            .env("LOCK_WAIT", wait)
+            .start()
+            .await;
+        app.reset(10).await;
+        assert_eq!(app.sale("").await.status, 200);
+        let before = redis_clients(&redis).await;
+        let client = testkit::fixture::client();
+        let items: Vec<String> = (0..150).map(|i| format!("many{i}")).collect();
+        for item in &items {
+            let put = client
+                .put(app.url(&format!("/inventory/{item}")))
+                .json(&serde_json::json!({"stock": 10}));
+            assert_eq!(app.send(put).await.status, 200);
+        }
+        // One sale at a time per item, 16 items at once: nobody waits.
+        for chunk in items.chunks(16) {
+            let sales = chunk
+                .iter()
+                .map(|item| app.send(client.post(app.url(&format!("/inventory/{item}/sale")))));
+            for sale in futures_util::future::join_all(sales).await {
+                assert_eq!(sale.status, 200, "{wait}: {sale:?}");
+            }
+        }
+        let uncontended = redis_clients(&redis).await;
+        assert!(
+            uncontended <= before + 2,
+            "{wait}: {before} connections before, {uncontended} after 150 items sold"
+        );
+        // Four sales at once on each of 10 items: they wait, and listen.
+        let sales = items[..10].iter().flat_map(|item| {
+            let url = app.url(&format!("/inventory/{item}/sale?work_ms=100"));
+            (0..4).map(move |_| url.clone())
+        });
+        let sales = sales.map(|url| app.send(client.post(url)));
+        for sale in futures_util::future::join_all(sales).await {
+            assert_eq!(sale.status, 200, "{wait}: {sale:?}");
+        }
+        let mut after = i64::MAX;
+        for _ in 0..40 {
+            after = redis_clients(&redis).await;
+            if after <= before + 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            after <= before + 2,
+            "{wait}: {before} connections before, {after} 4 s after the contention ended"
+        );
+        let audit = app.audit().await;
+        assert_eq!(audit["clean"], true, "{audit}");
+    }
 }
