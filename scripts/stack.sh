@@ -25,6 +25,28 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+die() { echo "stack: $*" >&2; exit 1; }
+
+# Every service any topology has, in the order `down` stops them: the front first, so no
+# request reaches an instance that is going; the sentinels before the servers they watch,
+# so that stopping the master starts no failover.
+all_services=(nginx app1 app2 sentinel1 sentinel2 sentinel3 replica1 replica2 redis
+  node1 node2 node3 node4 node5 node6 lock1 lock2 lock3)
+cluster_nodes=(node1 node2 node3 node4 node5 node6)
+
+# The settings below with a default: every <SERVICE>_PORT, and these. Unset, a setting takes
+# its default; set but empty, it is refused (check_values), where `${VAR:-default}` alone
+# took the default: `NGINX_PORT= scripts/stack.sh up` ran nginx on 8080, the very port the
+# caller had meant to move it off. Found here, before the defaults fill them in.
+defaulted_settings=(RUN_DIR REDIS_MASTER_NAME DOWN_AFTER_MS FAILOVER_TIMEOUT_MS
+  CLUSTER_NODE_TIMEOUT_MS WORKER_THREADS INVENTORY_BIN NGINX_BIN READY_TIMEOUT_S STOP_TIMEOUT_S)
+for svc in "${all_services[@]}"; do defaulted_settings+=("${svc^^}_PORT"); done
+empty_settings=()
+for var in "${defaulted_settings[@]}"; do
+  if [ -n "${!var+set}" ] && [ -z "${!var}" ]; then empty_settings+=("$var"); fi
+done
+unset svc var
+
 # Absolute, because the processes are started from inside the run directory.
 RUN_DIR=$(realpath -m "${RUN_DIR:-$root/run}")
 REDIS_PORT=${REDIS_PORT:-6380}
@@ -65,12 +87,60 @@ READY_TIMEOUT_S=${READY_TIMEOUT_S:-30}
 # How long `down` waits for a graceful stop before it kills what is left.
 STOP_TIMEOUT_S=${STOP_TIMEOUT_S:-10}
 
-# Every service any topology has, in the order `down` stops them: the front first, so no
-# request reaches an instance that is going; the sentinels before the servers they watch,
-# so that stopping the master starts no failover.
-all_services=(nginx app1 app2 sentinel1 sentinel2 sentinel3 replica1 replica2 redis
-  node1 node2 node3 node4 node5 node6 lock1 lock2 lock3)
-cluster_nodes=(node1 node2 node3 node4 node5 node6)
+# What each setting may be, as the refusals name it.
+valid_value() {
+  case $1 in
+    *_PORT) echo "a port number in 1..=65535" ;;
+    *) local unit min max; read -r unit min max <<<"$(number_range "$1")"
+       echo "a whole number of $unit in $min..=$max, without leading zeros" ;;
+  esac
+}
+# "unit min max" of a numeric setting: what the script computes with (bash reads `08` as
+# octal, `1e3` as an error of its own) and what the servers accept (a sentinel refuses a
+# time of 0, the binary fewer than 1 or more than 1024 worker threads).
+number_range() {
+  case $1 in
+    WORKER_THREADS) echo "threads 1 1024" ;;
+    STOP_TIMEOUT_S) echo "seconds 0 999999999" ;;
+    *_S) echo "seconds 1 999999999" ;;
+    LOCK_WAIT_MS | MAX_WORK_MS | REDIS_TIMEOUT_MS) echo "milliseconds 0 999999999" ;;
+    *_MS) echo "milliseconds 1 999999999" ;;
+  esac
+}
+
+# Every setting, for every verb and before anything uses it (`locked` computes with the
+# timeouts, `down` with STOP_TIMEOUT_S): an empty one, a number that is none or out of its
+# range, a port that is none. LOCK_WAIT_MS, MAX_WORK_MS and REDIS_TIMEOUT_MS are the
+# instances' (empty is their default there too); the script computes nginx's timeout from them.
+check_values() {
+  local var value unit min max
+  for var in "${empty_settings[@]}"; do
+    case $var in
+      *_PORT | *_MS | *_S | WORKER_THREADS) value=$(valid_value "$var") ;;
+      RUN_DIR) value="a directory" ;;
+      INVENTORY_BIN) value="the path of the inventory binary" ;;
+      NGINX_BIN) value="the path of nginx" ;;
+      *) value="a name" ;;
+    esac
+    die "$var is ''; valid: $value (unset it for its default, ${!var})"
+  done
+  for var in READY_TIMEOUT_S STOP_TIMEOUT_S DOWN_AFTER_MS FAILOVER_TIMEOUT_MS \
+      CLUSTER_NODE_TIMEOUT_MS WORKER_THREADS LOCK_WAIT_MS MAX_WORK_MS REDIS_TIMEOUT_MS; do
+    value=${!var:-}
+    [ -n "$value" ] || continue
+    read -r unit min max <<<"$(number_range "$var")"
+    # The pattern first: only a plain decimal reaches the comparisons.
+    [[ $value =~ ^(0|[1-9][0-9]{0,8})$ ]] && [ "$value" -ge "$min" ] && [ "$value" -le "$max" ] \
+      || die "$var is '$value'; valid: $(valid_value "$var")"
+  done
+  for var in "${all_services[@]}"; do
+    var="${var^^}_PORT"
+    value=${!var}
+    [[ $value =~ ^[1-9][0-9]{0,4}$ ]] && [ "$value" -le 65535 ] \
+      || die "$var is '$value'; valid: $(valid_value "$var")"
+  done
+}
+check_values
 
 topology_file() { echo "$RUN_DIR/topology"; }
 # Under the sentinel topology, "host port" of the master when the stack was last stopped:
@@ -118,7 +188,6 @@ port_of() { local var="${1^^}_PORT"; echo "${!var}"; }
 is_cluster_node() { [[ $1 == node[0-9]* ]]; }
 # True when something accepts connections on the port.
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-die() { echo "stack: $*" >&2; exit 1; }
 
 # A path as the replacement of a `sed s|...|...|`: its `\`, `|` and `&` taken literally.
 sed_escaped() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }
@@ -127,19 +196,7 @@ sed_escaped() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }
 # that is not a number where the script computes with it, a binary that is not there, a
 # run directory that the servers' configuration files cannot name.
 check_settings() {
-  local var value
-  for var in LOCK_WAIT_MS MAX_WORK_MS REDIS_TIMEOUT_MS READY_TIMEOUT_S STOP_TIMEOUT_S \
-      DOWN_AFTER_MS FAILOVER_TIMEOUT_MS CLUSTER_NODE_TIMEOUT_MS WORKER_THREADS; do
-    value=${!var:-}
-    [ -z "$value" ] || [[ $value =~ ^[0-9]{1,9}$ ]] \
-      || die "$var is '$value'; valid: a whole number (milliseconds for *_MS, seconds for *_S)"
-  done
-  for var in "${all_services[@]}"; do
-    var="${var^^}_PORT"
-    value=${!var}
-    [[ $value =~ ^[0-9]{1,5}$ ]] && [ "$value" -ge 1 ] && [ "$value" -le 65535 ] \
-      || die "$var is '$value'; valid: a port number in 1..=65535"
-  done
+  # The numbers and ports were checked with the script's head (check_values).
   # nginx reads `$name` in a path as a variable, whatever the quotes.
   case $RUN_DIR$root in
     *'"'* | *$'\n'* | *'$'*) die "RUN_DIR ($RUN_DIR) or the repository ($root) holds a double quote, a \$ or a line break, which nginx's configuration cannot name; give a path without them" ;;
@@ -429,7 +486,9 @@ start_app() {
       store=(REDIS_CLUSTER="$(IFS=,; echo "${seeds[*]}")")
       ;;
   esac
-  env PORT="$port" BIND_ADDR=127.0.0.1 INSTANCE_NAME="$name" WORKER_THREADS="$WORKER_THREADS" "${store[@]}" \
+  # Only the store of this topology: a REDIS_URL exported in the shell beside the sentinels
+  # or the cluster is refused by the instance.
+  env -u REDIS_URL -u REDIS_SENTINELS -u REDIS_CLUSTER PORT="$port" BIND_ADDR=127.0.0.1 INSTANCE_NAME="$name" WORKER_THREADS="$WORKER_THREADS" "${store[@]}" \
     LOCK_NODES="redis://127.0.0.1:$LOCK1_PORT,redis://127.0.0.1:$LOCK2_PORT,redis://127.0.0.1:$LOCK3_PORT" \
     setsid "$INVENTORY_BIN" >>"$RUN_DIR/$name.log" 2>&1 </dev/null &
   echo $! >"$(pidfile "$name")"

@@ -165,7 +165,7 @@ pub struct Config {
 
     /// Bearer token required by `PUT /inventory`; unset leaves admin endpoints open. An
     /// empty token is refused: it would look set while protecting nothing.
-    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true, value_parser = parse_admin_token)]
+    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true, value_parser = AdminTokenParser)]
     pub admin_token: Option<String>,
 
     /// Longest simulated business time (`work_ms`) a sale may ask for, in milliseconds.
@@ -321,8 +321,19 @@ impl Config {
         self.lock_nodes.as_deref().map(LockNodes::parse).transpose()
     }
 
-    /// `REDIS_SENTINELS` and `REDIS_MASTER_NAME`, checked; `None` when unset.
+    /// `REDIS_SENTINELS` and `REDIS_MASTER_NAME`, checked; `None` when unset. Refused with
+    /// an explicit `REDIS_URL` (one other than its default, as [`Config::cluster`] tells):
+    /// the sentinels name the master, and a `REDIS_URL` beside them was ignored without a
+    /// word.
     pub fn sentinels(&self) -> Result<Option<crate::store::Sentinels>, String> {
+        if self.redis_sentinels.is_some() && self.redis_url != DEFAULT_REDIS_URL {
+            return Err(
+                "REDIS_SENTINELS and REDIS_URL are both set: give one of them (REDIS_SENTINELS \
+                 with REDIS_MASTER_NAME finds the master by itself; REDIS_URL is for one \
+                 server without sentinels)"
+                    .into(),
+            );
+        }
         match (&self.redis_sentinels, &self.redis_master_name) {
             (Some(list), Some(name)) => crate::store::Sentinels::parse(list, name).map(|s| {
                 Some(s.with_passwords(
@@ -417,14 +428,76 @@ impl LockNodes {
     }
 }
 
+/// What an `ADMIN_TOKEN` may hold, in the words of its refusal.
+const ADMIN_TOKEN_FORM: &str = "valid: visible ASCII characters (! to ~) and spaces, no space at \
+     either end (nothing else reaches the service in an Authorization header), or unset to \
+     leave admin endpoints open";
+
+/// [`parse_admin_token`] as clap's parser, with a refusal of its own: clap's would begin
+/// "invalid value '<the token>'", and the token is a secret.
+#[derive(Clone)]
+struct AdminTokenParser;
+
+impl clap::builder::TypedValueParser for AdminTokenParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        value
+            .to_str()
+            .ok_or_else(|| {
+                format!("ADMIN_TOKEN is not UTF-8, which no Authorization header can carry; {ADMIN_TOKEN_FORM}")
+            })
+            .and_then(parse_admin_token)
+            .map_err(|refusal| {
+                clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{refusal}\n"))
+                    .with_cmd(cmd)
+            })
+    }
+}
+
+/// A token that a client can present: the service compares it with the token of the one
+/// `Authorization: Bearer <token>` header, read as text (`HeaderValue::to_str`, which fails
+/// for any byte outside visible ASCII, space and tab, so a non-ASCII token never matches),
+/// with the spaces after `Bearer` dropped (so never one at the token's start), and HTTP
+/// drops white space at either end of a header value (so never one at its end). Control
+/// characters are refused, the tab too: a newline cannot be sent at all, and a tab, which
+/// `to_str` would let through, is white space that clients, shells and proxies fold or
+/// trim. The refusal says where, never what: the token is a secret.
 fn parse_admin_token(token: &str) -> Result<String, String> {
     if token.trim().is_empty() {
-        Err(
+        return Err(
             "ADMIN_TOKEN is empty; valid: any token with a character other than white space, or unset to leave admin endpoints open"
                 .into(),
-        )
-    } else {
-        Ok(token.to_owned())
+        );
+    }
+    let bad = token.chars().enumerate().find_map(|(i, c)| {
+        if !c.is_ascii() {
+            Some(format!("a non-ASCII character (character {})", i + 1))
+        } else if c.is_ascii_control() {
+            Some(format!("a control character (character {})", i + 1))
+        } else {
+            None
+        }
+    });
+    let bad = bad.or_else(|| {
+        if token.starts_with(' ') {
+            Some("a space at its start".to_owned())
+        } else if token.ends_with(' ') {
+            Some("a space at its end".to_owned())
+        } else {
+            None
+        }
+    });
+    match bad {
+        Some(what) => Err(format!(
+            "ADMIN_TOKEN has {what}, which no Authorization header can carry; {ADMIN_TOKEN_FORM}"
+        )),
+        None => Ok(token.to_owned()),
     }
 }
 
@@ -433,16 +506,23 @@ fn parse_admin_token(token: &str) -> Result<String, String> {
 const MAX_INSTANCE_NAME: usize = 256;
 
 fn parse_instance_name(name: &str) -> Result<String, String> {
+    // An empty name would answer `X-Instance:` with nothing; HTTP drops white space at
+    // either end of a header, so the header and the body's `instance` would differ. A
+    // control character cannot go out in a header at all (the tab could, but it is white
+    // space that proxies fold): the instance failed at start-up, or, a tab, started.
     if name.trim().is_empty() || name.trim() != name {
-        // An empty name would answer `X-Instance:` with nothing; HTTP drops white space at
-        // either end of a header, so the header and the body's `instance` would differ.
         Err(format!(
-            "INSTANCE_NAME is {name:?}; valid: 1 to {MAX_INSTANCE_NAME} bytes, no white space at either end, or unset for <host>:<port>"
+            "INSTANCE_NAME is {name:?}; valid: 1 to {MAX_INSTANCE_NAME} bytes, no control characters, no white space at either end, or unset for <host>:<port>"
         ))
     } else if name.len() > MAX_INSTANCE_NAME {
         Err(format!(
             "INSTANCE_NAME is {} bytes; at most {MAX_INSTANCE_NAME} (it is sent in every answer's X-Instance header)",
             name.len()
+        ))
+    } else if name.chars().any(char::is_control) {
+        // Debug formatting escapes control characters: the refusal never echoes them raw.
+        Err(format!(
+            "INSTANCE_NAME is {name:?}, with a control character; valid: 1 to {MAX_INSTANCE_NAME} bytes, no control characters, no white space at either end, or unset for <host>:<port>"
         ))
     } else {
         Ok(name.to_owned())
@@ -730,6 +810,91 @@ mod tests {
         }
         let config = Config::try_parse_from(["inventory", "--admin-token", "t0k"]).unwrap();
         assert_eq!(config.admin_token.as_deref(), Some("t0k"));
+    }
+
+    #[test]
+    fn an_admin_token_no_authorization_header_can_carry_is_refused_at_start_up() {
+        // Each would start, and then every `PUT /inventory` answered 401 for good.
+        for bad in [
+            "tök",
+            "s3cr\net",
+            "s3cret\n",
+            "s3cr\tet",
+            "\ts3cret",
+            "s3cr\u{7f}et",
+            "s3cr\u{0}et",
+            "s3cr\u{85}et",
+            " s3cret",
+            "s3cret ",
+        ] {
+            let err = Config::try_parse_from(["inventory", "--admin-token", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("ADMIN_TOKEN has "), "{bad:?}: {err}");
+            assert!(
+                err.contains("valid: visible ASCII characters (! to ~) and spaces"),
+                "{bad:?}: {err}"
+            );
+            assert!(!err.contains("s3cr") && !err.contains("tök"), "{err}");
+        }
+        use std::os::unix::ffi::OsStringExt;
+        let not_utf8 = std::ffi::OsString::from_vec(b"s3cr\xffet".to_vec());
+        let err = Config::try_parse_from(["inventory".into(), "--admin-token".into(), not_utf8])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ADMIN_TOKEN is not UTF-8"), "{err}");
+        for fine in ["t0k", "a b", "!~\"'<>{}", "Zm9v+/=", "x"] {
+            let config = Config::try_parse_from(["inventory", "--admin-token", fine]).unwrap();
+            assert_eq!(config.admin_token.as_deref(), Some(fine));
+        }
+    }
+
+    #[test]
+    fn an_instance_name_with_a_control_character_the_tab_too_is_refused_at_start_up() {
+        for bad in [
+            "app\t1",
+            "app\u{1}1",
+            "app\n1",
+            "app\r1",
+            "app\u{7f}",
+            "app\u{85}1",
+        ] {
+            let err = Config::try_parse_from(["inventory", "--instance-name", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("no control characters"), "{bad:?}: {err}");
+            assert!(err.contains("valid: 1 to 256 bytes"), "{bad:?}: {err}");
+        }
+        for fine in ["app 1", "app1", "höst:7777"] {
+            let config = Config::try_parse_from(["inventory", "--instance-name", fine]).unwrap();
+            assert_eq!(config.instance_name.as_deref(), Some(fine));
+        }
+    }
+
+    #[test]
+    fn redis_sentinels_are_refused_beside_a_redis_url_of_its_own_and_never_print_a_password() {
+        let sentinels = |extra: &[&str]| {
+            let mut args = vec![
+                "inventory",
+                "--redis-sentinels",
+                "127.0.0.1:26379",
+                "--redis-master-name",
+                "inventory",
+            ];
+            args.extend_from_slice(extra);
+            Config::try_parse_from(args).unwrap().sentinels()
+        };
+        let found = sentinels(&[]).unwrap().unwrap();
+        assert_eq!(found.addrs, [("127.0.0.1".to_owned(), 26379)]);
+        let both = sentinels(&["--redis-url", "redis://:s3cret@127.0.0.1:6380"]).unwrap_err();
+        assert!(
+            both.contains("REDIS_SENTINELS and REDIS_URL are both set: give one of them"),
+            "{both}"
+        );
+        assert!(!both.contains("s3cret"), "{both}");
+        // Without sentinels, a REDIS_URL is simply the server.
+        let alone = Config::try_parse_from(["inventory", "--redis-url", "redis://h:1"]).unwrap();
+        assert_eq!(alone.sentinels(), Ok(None));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -11,10 +11,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     if config.openapi {
-        println!(
-            "{}",
-            inventory::http::openapi(config.max_work_ms).to_pretty_json()?
-        );
+        let document = inventory::http::openapi(config.max_work_ms).to_pretty_json()?;
+        print_document(&document);
         return Ok(());
     }
     let rust_log = std::env::var("RUST_LOG").ok();
@@ -57,4 +55,23 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?
         .block_on(inventory::server::run(config))
+}
+
+/// Writes `document` to stdout, and exits when it cannot (`println!` panicked, status 101).
+/// A reader that left (`inventory --openapi | head -c 10`: a broken pipe) is no error: it
+/// exits 0 without a word, as ripgrep does, since the pipeline's status is the reader's to
+/// report (a writer killed by SIGPIPE would say 141, but Rust ignores the signal, and only
+/// an `unsafe` call could restore it). Any other failure (`> /dev/full`) is one line on
+/// stderr and status 1. The flush is explicit: at exit, Rust drops a failed flush silently.
+fn print_document(document: &str) {
+    let mut out = std::io::stdout().lock();
+    let written = writeln!(out, "{document}").and_then(|()| out.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("error: cannot write the OpenAPI document to stdout: {e}");
+            std::process::exit(1);
+        }
+    }
 }

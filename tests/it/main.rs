@@ -7,6 +7,7 @@ mod acl;
 mod api;
 mod attack;
 mod browser;
+mod cli;
 mod cluster;
 mod cluster_fixture;
 mod compose;

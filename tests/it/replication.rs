@@ -315,8 +315,9 @@ async fn sales_follow_a_sentinel_failover_by_themselves_within_down_after_plus_f
     let timing = SentinelTiming::default();
     let sentinels = sentinels_for(&master, timing).await;
     let list = sentinel_list(&sentinels);
-    // REDIS_URL still names the master: the sentinels take precedence over it.
+    // The sentinels name the master; a REDIS_URL beside them is refused.
     let app = InstanceBuilder::new(&master, "app1")
+        .unset("REDIS_URL")
         .env("REDIS_SENTINELS", &list)
         .env("REDIS_MASTER_NAME", MASTER_NAME)
         .env("REDIS_TIMEOUT_MS", 500)
@@ -391,6 +392,7 @@ async fn after_a_planned_failover_the_wake_up_connections_move_to_the_new_master
     let list = sentinel_list(&sentinels);
     let start = |name: &str, wait: &str| {
         InstanceBuilder::new(&master, name)
+            .unset("REDIS_URL")
             .env("REDIS_SENTINELS", &list)
             .env("REDIS_MASTER_NAME", MASTER_NAME)
             .env("REDIS_TIMEOUT_MS", 500)
@@ -507,6 +509,7 @@ async fn after_a_failover_each_instances_first_sale_sells_on_the_promoted_master
     for name in ["app1", "app2"] {
         apps.push(
             InstanceBuilder::new(&master, name)
+                .unset("REDIS_URL")
                 .env("REDIS_SENTINELS", &list)
                 .env("REDIS_MASTER_NAME", MASTER_NAME)
                 .env("REDIS_TIMEOUT_MS", 500)
@@ -574,6 +577,7 @@ async fn an_instance_started_during_a_failover_sells_once_sentinel_has_promoted_
     master.stop().await;
     let killed = Instant::now();
     let app = InstanceBuilder::new(&replica, "app1")
+        .unset("REDIS_URL")
         .env("REDIS_SENTINELS", sentinel_list(&sentinels))
         .env("REDIS_MASTER_NAME", MASTER_NAME)
         .env("REDIS_TIMEOUT_MS", 300)
@@ -656,6 +660,7 @@ async fn an_instance_starts_while_the_sentinels_hold_its_master_down_and_sells_o
         );
     }
     let app = InstanceBuilder::new(&master, "app1")
+        .unset("REDIS_URL")
         .env("REDIS_SENTINELS", sentinel_list(&sentinels))
         .env("REDIS_MASTER_NAME", MASTER_NAME)
         .env("REDIS_TIMEOUT_MS", 300)
@@ -702,6 +707,7 @@ async fn a_frozen_first_sentinel_neither_hangs_the_start_up_nor_stops_sales() {
     let app = tokio::time::timeout(
         Duration::from_secs(15),
         InstanceBuilder::new(&master, "app1")
+            .unset("REDIS_URL")
             .env("REDIS_SENTINELS", sentinel_list(&sentinels))
             .env("REDIS_MASTER_NAME", MASTER_NAME)
             .env("REDIS_TIMEOUT_MS", 300)
@@ -743,6 +749,7 @@ async fn every_strategy_sells_behind_sentinel_before_and_after_a_failover() {
     let nodes = testkit::fixture::LockNodes::start(3).await;
     let app = InstanceBuilder::new(&master, "app1")
         .lock_nodes(&nodes)
+        .unset("REDIS_URL")
         .env("REDIS_SENTINELS", sentinel_list(&sentinels))
         .env("REDIS_MASTER_NAME", MASTER_NAME)
         .env("REDIS_TIMEOUT_MS", 300)
@@ -850,6 +857,7 @@ async fn behind_sentinels_and_servers_that_require_passwords_sales_follow_a_fail
     }
 
     let app = InstanceBuilder::new(&master, "app1")
+        .unset("REDIS_URL")
         .env("REDIS_SENTINELS", &list)
         .env("REDIS_MASTER_NAME", MASTER_NAME)
         .env("REDIS_SENTINEL_PASSWORD", PW)
@@ -1014,6 +1022,7 @@ async fn two_instances_behind(
     let mut apps = Vec::new();
     for name in ["app1", "app2"] {
         let builder = InstanceBuilder::new(master, name)
+            .unset("REDIS_URL")
             .env("REDIS_SENTINELS", &list)
             .env("REDIS_MASTER_NAME", MASTER_NAME);
         apps.push(std::sync::Arc::new(configure(builder).start().await));

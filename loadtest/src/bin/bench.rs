@@ -6,7 +6,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use clap::builder::RangedU64ValueParser;
 use loadtest::bench::{self, Options, Results};
+
+/// The longest `--lock-seconds` and `--http-seconds`: a day, as the other tools' durations.
+const MAX_SECONDS: u64 = 86_400;
+
+/// The fewest `--connections`: `wrk` runs two threads (`-t 2`) and refuses fewer
+/// connections than threads.
+const MIN_CONNECTIONS: u64 = 2;
 
 /// Every performance figure in one run, written into the README.
 #[derive(Debug, Parser)]
@@ -16,17 +24,26 @@ use loadtest::bench::{self, Options, Results};
     about = "Runs every benchmark (the lock bench against rslock, the sale path through nginx, memory) and writes the README section"
 )]
 struct Args {
-    /// Client processes of the lock bench, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
+    /// Client processes of the lock bench (1..=1024 each, as `lock-bench --clients`),
+    /// comma-separated.
+    // Range-checked by clap, so that 0 is a usage error (exit 2) naming the range, as in
+    // lock-bench, not a bench started with no client.
+    #[arg(long, value_delimiter = ',', default_value = "4,16,64",
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
     clients: Vec<usize>,
-    /// Seconds per lock-bench run.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds per lock-bench run (1..=86400, at most a day).
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
     lock_seconds: u64,
-    /// Seconds per HTTP measurement.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds per HTTP measurement (1..=86400, at most a day).
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
     http_seconds: u64,
-    /// Connections for the HTTP measurements.
-    #[arg(long, default_value_t = 64)]
+    /// Connections for the HTTP measurements (2..=4096: `wrk` runs two threads and needs a
+    /// connection per thread; beyond 4096 nginx times the instances out).
+    #[arg(long, default_value_t = 64,
+          value_parser = RangedU64ValueParser::<usize>::new()
+              .range(MIN_CONNECTIONS..=loadtest::tool::MAX_CONCURRENCY))]
     connections: usize,
     /// The README to write the section into (none: print it).
     #[arg(long)]
@@ -116,4 +133,62 @@ async fn run(args: Args) -> anyhow::Result<()> {
         None => println!("{section}"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `bench` with a zero (or out-of-range) count or duration is a usage error of clap's
+    /// (exit status 2) naming the flag and its range, before anything starts: `--clients 0`,
+    /// `--lock-seconds 0` and `--connections 0` were accepted and began a bench.
+    #[test]
+    fn numeric_options_out_of_range_are_usage_errors_naming_the_range() {
+        for (flag, bad, range) in [
+            ("--clients", "0", "1..=1024"),
+            ("--clients", "4,0", "1..=1024"),
+            ("--clients", "1025", "1..=1024"),
+            ("--lock-seconds", "0", "1..=86400"),
+            ("--lock-seconds", "86401", "1..=86400"),
+            ("--http-seconds", "0", "1..=86400"),
+            ("--http-seconds", "86401", "1..=86400"),
+            ("--connections", "0", "2..=4096"),
+            ("--connections", "1", "2..=4096"),
+            ("--connections", "4097", "2..=4096"),
+        ] {
+            let refusal = Args::try_parse_from(["bench".into(), format!("{flag}={bad}")])
+                .expect_err(&format!("{flag} {bad}"));
+            assert_eq!(refusal.exit_code(), 2, "{flag} {bad}: {refusal}");
+            let said = refusal.to_string();
+            assert!(
+                said.contains(flag) && said.contains(&format!("is not in {range}")),
+                "{flag} {bad}: {said}"
+            );
+        }
+    }
+
+    #[test]
+    fn numeric_options_at_the_ends_of_their_ranges_are_taken() {
+        let args = Args::try_parse_from([
+            "bench",
+            "--clients",
+            "1,1024",
+            "--lock-seconds",
+            "1",
+            "--http-seconds",
+            "86400",
+            "--connections",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(args.clients, [1, 1024]);
+        assert_eq!((args.lock_seconds, args.http_seconds), (1, 86_400));
+        assert_eq!(args.connections, 2);
+        let defaults = Args::try_parse_from(["bench"]).unwrap();
+        assert_eq!(defaults.clients, [4, 16, 64]);
+        assert_eq!((defaults.lock_seconds, defaults.http_seconds), (10, 10));
+        assert_eq!(defaults.connections, 64);
+        let most = Args::try_parse_from(["bench", "--connections", "4096"]).unwrap();
+        assert_eq!(most.connections, 4096);
+    }
 }
