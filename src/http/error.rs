@@ -48,6 +48,11 @@ pub enum ApiError {
     /// A reset's Redis call failed: as `Redis`, but its message says whether the reset may
     /// have landed.
     Reset(RedisError),
+    /// A sale with an `Idempotency-Key` failed before its write: this request sold nothing,
+    /// but its key's record may not have been read, and an earlier request with the key may
+    /// have sold (from outside: a retry heard "nothing was sold" while Redis was frozen,
+    /// for a key whose unit had sold).
+    KeyedSale(RedisError),
     /// 500: details go to the log, never to the client.
     Internal(String),
     /// 503 `not_replicated` from `/ready`: the master has fewer replicas online than
@@ -326,6 +331,7 @@ impl ApiError {
             }
             ApiError::Redis(e) => redis_parts(e, Effect::Read),
             ApiError::Reset(e) => redis_parts(e, Effect::Reset),
+            ApiError::KeyedSale(e) => redis_parts(e, Effect::KeyedSale),
             ApiError::Internal(_) => internal(),
             ApiError::Replica => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -385,12 +391,16 @@ enum Effect {
     Read,
     /// A reset, whose script may have run before its reply was lost.
     Reset,
+    /// A sale with an `Idempotency-Key`: this request sold nothing, an earlier one with the
+    /// key may have.
+    KeyedSale,
 }
 
 impl Effect {
     fn unanswered(self) -> &'static str {
         match self {
             Effect::Sale => "; nothing was sold",
+            Effect::KeyedSale => KEYED_SALE_FAILED,
             Effect::Read => "",
             Effect::Reset => "; the reset may or may not have been applied (GET /inventory tells)",
         }
@@ -399,11 +409,15 @@ impl Effect {
     fn refused(self) -> &'static str {
         match self {
             Effect::Sale => "; nothing was sold",
+            Effect::KeyedSale => KEYED_SALE_FAILED,
             Effect::Read => "",
             Effect::Reset => "; the stock was not reset",
         }
     }
 }
+
+const KEYED_SALE_FAILED: &str = "; this request sold nothing, but whether an earlier request \
+    with this Idempotency-Key did was not learnt: retry with the same key to learn its outcome";
 
 /// A Redis failure, of a sale before anything was written or of any other request.
 fn redis_parts(e: &RedisError, effect: Effect) -> (StatusCode, &'static str, String) {
@@ -500,6 +514,7 @@ impl IntoResponse for ApiError {
         let failure = match &self {
             ApiError::Redis(e)
             | ApiError::Reset(e)
+            | ApiError::KeyedSale(e)
             | ApiError::Sale(SaleError::Redis(e))
             | ApiError::Sale(SaleError::OutcomeUnknown(e)) => Some(format!("redis: {e}")),
             ApiError::Internal(detail) => Some(detail.clone()),

@@ -265,7 +265,11 @@ async fn sell_in_place(
         }
         Some(id) => (seller.sell_item(id, request, key, hangup).await, id),
     };
-    sold.map_err(|e| ApiError::sale(e, id))
+    sold.map_err(|e| match (e, key) {
+        // The key's record may not have been read: an earlier request with it may have sold.
+        (crate::sale::SaleError::Redis(e), Some(_)) => ApiError::KeyedSale(e),
+        (e, _) => ApiError::sale(e, id),
+    })
 }
 
 pub(super) const REPLAYED: &str = "idempotent-replayed";

@@ -1779,3 +1779,50 @@ async fn a_frozen_redis_costs_a_pooled_sale_a_few_timeouts_however_large_the_poo
         sale.elapsed
     );
 }
+
+/// A keyed retry that cannot read its key's record (Redis frozen) sold nothing itself, but
+/// an earlier request with the key may have: from outside, it heard "nothing was sold" for a
+/// key whose unit had sold. It says to retry with the key; an unkeyed sale still says
+/// nothing was sold.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyed_retry_that_cannot_read_its_key_never_says_nothing_was_sold() {
+    let redis = RedisServer::start().await;
+    let app = InstanceBuilder::new(&redis, "app1")
+        .env("REDIS_TIMEOUT_MS", 300)
+        .start()
+        .await;
+    app.reset(10).await;
+    for strategy in ["fenced", "atomic"] {
+        let key = format!("frozen-{strategy}");
+        let query = format!("strategy={strategy}");
+        let first = app.sale_with_key(&query, &key).await;
+        assert_eq!(first.status, 200, "{first:?}");
+        redis.signal("STOP").await;
+        let retry = app.sale_with_key(&query, &key).await;
+        let unkeyed = app.sale(&query).await;
+        redis.signal("CONT").await;
+        let message = retry.body["message"].as_str().unwrap_or_default();
+        assert_eq!(retry.status, 503, "{retry:?}");
+        assert!(
+            !message.contains("nothing was sold") && message.contains("same key"),
+            "{strategy}: {message}"
+        );
+        let unkeyed_message = unkeyed.body["message"].as_str().unwrap_or_default();
+        assert!(
+            unkeyed.status != 503 || unkeyed_message.contains("nothing was sold"),
+            "{unkeyed:?}"
+        );
+        // And the key's outcome, once Redis answers: the first sale, replayed.
+        let mut replayed = app.sale_with_key(&query, &key).await;
+        for _ in 0..20 {
+            if replayed.status == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            replayed = app.sale_with_key(&query, &key).await;
+        }
+        assert_eq!(replayed.status, 200, "{replayed:?}");
+        assert_eq!(replayed.body["order_id"], first.body["order_id"]);
+        assert_eq!(replayed.headers["idempotent-replayed"], "true");
+    }
+}
