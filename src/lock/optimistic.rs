@@ -181,6 +181,17 @@ async fn attempt(
         end_watch(store, conn).await;
         return Err(Failure::ClientGone);
     }
+    // The connection holding the WATCH may have died during the work (Redis killed, or
+    // restarted): an EXEC sent on it then fails as one lost after it was sent does, and the
+    // sale answered 504 "may have sold" for a transaction that could not have run (found
+    // from outside, 4 of 4). One PING first, small next to the work, tells them apart: if it
+    // fails, no EXEC was sent, and nothing sold.
+    if !work.is_zero()
+        && let Err(e) = bounded(store, redis::cmd("PING").query_async::<()>(&mut *conn)).await
+    {
+        discard(conn);
+        return Err(Failure::Redis(e));
+    }
     let sell = store.optimistic_sell(entry, new_stock);
     let mut exec = redis::pipe();
     exec.atomic().invoke_script(&sell);
