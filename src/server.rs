@@ -466,12 +466,18 @@ async fn report_redis_at_start(store: Store, needs: Vec<Need>, strategy: Strateg
                 _ => {}
             }
             // A command the sales need, refused to the user: said now, not at the first sale.
-            if let Ok(Some(refused)) = store.writable(&crate::lock::acl::checks(&needs)).await {
+            let refused = match store.writable(&crate::lock::acl::checks(&needs)).await {
+                Ok(refused) => refused.map(|i| needs[i].describe()),
+                Err(e) if crate::store::is_command_refused(&e) => {
+                    Some(crate::lock::acl::SCRIPTS_REFUSED.to_owned())
+                }
+                Err(_) => None,
+            };
+            if let Some(what) = refused {
                 tracing::error!(
-                    "the Redis user may not run {}, which sales of {strategy} (LOCK_STRATEGY) \
-                     send: /ready answers 503 redis_auth_failed, and those sales fail, until \
-                     Redis's ACL grants it",
-                    needs[refused].describe()
+                    "the Redis user may not run {what}, which sales of {strategy} \
+                     (LOCK_STRATEGY) send: /ready answers 503 redis_auth_failed, and those \
+                     sales fail or wait longer, until Redis's ACL grants it"
                 );
             }
             if let Ok(Some(policy)) = store.eviction_policy().await {

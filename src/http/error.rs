@@ -346,8 +346,8 @@ impl ApiError {
                 "redis_auth_failed",
                 format!(
                     "the Redis user (REDIS_URL) may not run {what}, which sales of `{strategy}` \
-                     (LOCK_STRATEGY) send: they would answer 503 redis_auth_failed; grant it in \
-                     Redis's ACL (`ACL SETUSER`)"
+                     (LOCK_STRATEGY) send: without it they fail (503 redis_auth_failed) or wait \
+                     longer for the lock; grant it in Redis's ACL (`ACL SETUSER`)"
                 ),
             ),
             ApiError::MayEvict(policy) => (

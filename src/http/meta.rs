@@ -151,9 +151,17 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
     // asked without writing or running any of them.
     let needs = app.seller.acl_needs(app.default_strategy);
     let checks = crate::lock::acl::checks(&needs);
-    if let Some(refused) = app.seller.store().writable(&checks).await? {
+    let refused = match app.seller.store().writable(&checks).await {
+        Ok(refused) => refused.map(|i| needs[i].describe()),
+        // The probe is a script: its own EVALSHA (or the SCRIPT LOAD behind it) was refused.
+        Err(e) if crate::store::is_command_refused(&e) => {
+            Some(crate::lock::acl::SCRIPTS_REFUSED.to_owned())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(what) = refused {
         return Err(ApiError::MayNotRun {
-            what: needs[refused].describe(),
+            what,
             strategy: app.default_strategy,
         });
     }
@@ -179,10 +187,13 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
             Ok(Err(e)) if let Some(why) = crate::store::write_refusal(e) => {
                 Some(format!("refuses writes, and so every vote: {why}"))
             }
-            Ok(Err(e)) if e.code() == Some("NOPERM") => Some(format!(
-                "its user may not run {}, which every vote sends (the node's ACL)",
+            Ok(Err(e)) if e.to_string().contains(VOTE_REFUSED) => Some(format!(
+                "its user may not run {}, which quorum sales send it (the node's ACL)",
                 e.detail().unwrap_or("a command")
             )),
+            Ok(Err(e)) if crate::store::is_command_refused(e) => {
+                Some(format!("its user's ACL refuses a command: {e}"))
+            }
             Ok(Err(e)) => Some(format!("failed: {}", e.category())),
             Err(_) => Some(format!("no answer within {} ms", bound.as_millis())),
         })
@@ -218,6 +229,9 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
     }))
 }
 
+/// How a lock node's probe says that its user may not run a command of the votes.
+const VOTE_REFUSED: &str = "the node's user may not run a command of the votes";
+
 /// The checks that read `INFO` (role, eviction policy) say nothing when the user may not run
 /// it: an ACL that allows every command a sale needs but `INFO` made an otherwise healthy
 /// node "not ok", and the stock's Redis not ready, though every sale sold.
@@ -250,11 +264,18 @@ async fn check_node(node: &crate::store::Store) -> redis::RedisResult<Option<Str
     // too, and `/ready` listed it `ok` while every quorum sale answered 503. And one whose
     // user may not run a command of the vote.
     let needs = crate::lock::acl::node_needs(&node.keys);
-    if let Some(refused) = node.writable(&crate::lock::acl::checks(&needs)).await? {
+    let refused = match node.writable(&crate::lock::acl::checks(&needs)).await {
+        Ok(refused) => refused.map(|i| needs[i].describe()),
+        Err(e) if crate::store::is_command_refused(&e) => {
+            Some(crate::lock::acl::SCRIPTS_REFUSED.to_owned())
+        }
+        Err(e) => return Err(e),
+    };
+    if let Some(what) = refused {
         return Err(redis::RedisError::from((
             redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
-            "may not run",
-            needs[refused].describe(),
+            VOTE_REFUSED,
+            what,
         )));
     }
     unless_refused(node.eviction_policy().await)

@@ -16,6 +16,10 @@ use super::wait::WaitMode;
 use crate::store::Keys;
 use crate::strategy::{RedisLock, Strategy};
 
+/// What a refusal of the readiness probe's own script means: the probe is a script, so its
+/// `EVALSHA` (or the `SCRIPT LOAD` behind it) was refused before any check ran.
+pub const SCRIPTS_REFUSED: &str = "EVALSHA or SCRIPT LOAD (every sale runs scripts)";
+
 /// A script's hash in a check: the ACL reads only its keys.
 const SHA: &str = "0000000000000000000000000000000000000000";
 
@@ -39,9 +43,13 @@ impl Need {
     /// declares.
     pub fn describe(&self) -> String {
         match (self.command, self.args.first()) {
-            ("EVALSHA", _) => match self.args.get(2..).unwrap_or_default() {
-                [key] => format!("EVALSHA with the key {key}"),
-                keys => format!("EVALSHA with the {} keys of the item together", keys.len()),
+            ("EVALSHA" | "EVAL", _) => match self.args.get(2..).unwrap_or_default() {
+                [key] => format!("{} with the key {key}", self.command),
+                keys => format!(
+                    "{} with the {} keys of the item together",
+                    self.command,
+                    keys.len()
+                ),
             },
             (command, Some(first)) => format!("{command} {first}"),
             (command, None) => command.to_owned(),
@@ -76,7 +84,8 @@ pub fn needs(strategy: Strategy, keys: &Keys, inbox: &str, reach: Reach) -> Vec<
     let mut add = |command: &'static str, args: &[&str]| out.push(Need::new(command, args));
     let claim = keys.idempotency("acl-check");
     let mut item_keys = script_keys(keys);
-    item_keys.extend([claim.clone(), inbox.to_owned()]);
+    // A sale without a key declares the key prefix alone to its write script.
+    item_keys.extend([claim.clone(), keys.idempotency(""), inbox.to_owned()]);
     let declared: Vec<&str> = item_keys.iter().map(String::as_str).collect();
     let count = declared.len().to_string();
     // Every sale runs scripts, and loads them again after Redis lost its script cache. Each
@@ -281,14 +290,17 @@ fn hand_off_queue(
     add("PEXPIRE", &[inbox, "1"]);
 }
 
-/// Every command a quorum sale sends to one lock node (`keys` are the node's): the vote,
-/// its extension and its release.
+/// Every command a quorum sale sends to one lock node (`keys` are the node's): the vote
+/// (`SET NX PX` with the key's `PTTL`), its extension and its release (an `EVAL` of its
+/// own, which needs no script loaded on a node that restarted).
 pub fn node_needs(keys: &Keys) -> Vec<Need> {
     let key = keys.lock.as_str();
     vec![
         Need::new("EVALSHA", &[SHA, "1", key]),
+        Need::new("EVAL", &["return 1", "1", key]),
         Need::new("SCRIPT", &["LOAD", "return 1"]),
         Need::new("SET", &[key, "x"]),
+        Need::new("PTTL", &[key]),
         Need::new("GET", &[key]),
         Need::new("PEXPIRE", &[key, "1"]),
         Need::new("DEL", &[key]),

@@ -42,6 +42,12 @@ pub fn is_auth_error(e: &RedisError) -> bool {
         || e.to_string().contains("can't run this command")
 }
 
+/// A command the user's ACL refuses (`NOPERM`): Redis answered, and the credentials were
+/// taken; only that command may not run.
+pub fn is_command_refused(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM")
+}
+
 /// The codes of every error Redis answered in `e`: one for a command, one per refused
 /// command of a pipeline, whose error `code()` does not tell (it names only a kind the
 /// client knows, and `OOM`, `NOREPLICAS` or `BUSY` are none, so a refused pipeline answered
@@ -1361,9 +1367,15 @@ impl Store {
                 )))
             };
         }
-        self.call(|mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
+        match self
+            .call(|mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
             .await
-            .map(drop)
+        {
+            // Refused by the user's ACL: Redis answered, and took the credentials. The sales
+            // send no PING; whether they may run what they send is `writable`'s to say.
+            Err(e) if is_command_refused(&e) => Ok(()),
+            answered => answered.map(drop),
+        }
     }
 
     /// Reads the stock for a locked sale, with what its write must check; a fenced reader's

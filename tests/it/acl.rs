@@ -46,7 +46,7 @@ fn rules(needs: &[Need]) -> Vec<String> {
                 rules.push(format!("(+{command} &{})", need.args[0]));
                 continue;
             }
-            "EVALSHA" => need.args[2..].iter().collect(),
+            "EVALSHA" | "EVAL" => need.args[2..].iter().collect(),
             "WATCH" => need.args.iter().collect(),
             "BLPOP" => need.args[..need.args.len() - 1].iter().collect(),
             _ => vec![&need.args[0]],
@@ -202,6 +202,8 @@ async fn exactly_what_ready_checks(strategy: &str, wait: WaitMode) {
         .iter()
         .flat_map(|n| n.args.iter())
         .filter(|a| a.starts_with("inventory:"))
+        // The bare prefix an unkeyed sale declares is inside the `idem:*` pattern here.
+        .filter(|a| **a != Keys::new("001").idempotency(""))
         .collect();
     for key in keys {
         let without: Vec<Need> = needs
@@ -317,4 +319,97 @@ async fn the_start_names_a_command_the_user_may_not_run() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     panic!("{}", app.log());
+}
+
+/// Lock nodes whose users are granted exactly what `/ready` checks of a node: ready, and
+/// quorum sales sell under contention with renewals. From outside, nodes without `PTTL` (the
+/// vote's) or `EVAL` (the release's) were listed ok while every quorum sale failed. Each
+/// command taken away from every node: not ready, naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_nodes_granted_what_ready_checks_vote_and_lacking_any_of_it_are_named() {
+    let redis = RedisServer::start().await;
+    let nodes = LockNodes::start(3).await;
+    let needs = acl::node_needs(&Keys::new("001"));
+    let mut admins = Vec::new();
+    let mut urls = Vec::new();
+    for node in &nodes.nodes {
+        let mut admin = node.conn().await;
+        set_user(&mut admin, &rules(&needs)).await;
+        admins.push(admin);
+        urls.push(format!("redis://{USER}:pw@127.0.0.1:{}", node.port()));
+    }
+    let app = |name: &str| {
+        InstanceBuilder::new(&redis, name)
+            .env("LOCK_NODES", urls.join(","))
+            .env("LOCK_STRATEGY", "redlock-fenced")
+            .env("LOCK_TTL_MS", 600)
+            .start()
+    };
+    let (app1, app2) = (app("app1").await, app("app2").await);
+    app1.reset(20).await;
+    let ready = app1.get("/ready").await;
+    assert_eq!(ready.status, 200, "{ready:?}");
+    let sales = (0..6).map(|i| {
+        let app = if i % 2 == 0 { &app1 } else { &app2 };
+        app.sale("strategy=redlock-fenced&work_ms=250")
+    });
+    for sale in futures_util::future::join_all(sales).await {
+        assert_eq!(sale.status, 200, "{sale:?}");
+    }
+    assert_eq!(app1.audit().await["clean"], true);
+    let commands: BTreeSet<&str> = needs.iter().map(|n| n.command).collect();
+    for command in commands {
+        let without: Vec<Need> = needs
+            .iter()
+            .filter(|n| n.command != command)
+            .cloned()
+            .collect();
+        for admin in &mut admins {
+            set_user(admin, &rules(&without)).await;
+        }
+        let ready = app1.get("/ready").await;
+        let message = ready.body["message"].as_str().unwrap_or_default();
+        let named = if matches!(command, "EVALSHA" | "SCRIPT") {
+            format!("may not run {command}")
+        } else {
+            format!("may not run {command} ")
+        };
+        assert!(
+            ready.status == 503 && message.matches(&named).count() == 3,
+            "without {command}: {ready:?}"
+        );
+    }
+}
+
+/// A user that may not run `PING` (which sales never send) is ready and sells; one that may
+/// not run `EVALSHA` (which every sale sends) is not, and the refusal says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn ping_refused_is_no_reason_to_be_unready_and_evalsha_refused_is_named() {
+    let redis = RedisServer::start().await;
+    let mut admin = redis.conn().await;
+    let rules = |lacking: &str| ["on", ">pw", "~*", "&*", "+@all", lacking].map(str::to_owned);
+    set_user(&mut admin, &rules("-ping")).await;
+    let app = limited(&redis, "app1", "fenced", "notify").await;
+    let owner = InstanceBuilder::new(&redis, "owner").start().await;
+    owner.reset(5).await;
+    let ready = app.get("/ready").await;
+    assert_eq!(ready.status, 200, "{ready:?}");
+    assert_eq!(app.sale("").await.status, 200);
+    assert!(
+        !app.log().contains("refused the credentials"),
+        "{}",
+        app.log()
+    );
+    set_user(&mut admin, &rules("-evalsha")).await;
+    let ready = app.get("/ready").await;
+    let message = ready.body["message"].as_str().unwrap_or_default();
+    assert_eq!(
+        (ready.status, ready.error_code()),
+        (503, "redis_auth_failed"),
+        "{ready:?}"
+    );
+    assert!(
+        message.contains("may not run EVALSHA or SCRIPT LOAD"),
+        "{message}"
+    );
 }
