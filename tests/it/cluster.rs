@@ -216,6 +216,13 @@ async fn both_ways_of_waiting_sell_exactly_the_stock_and_pubsub_releases_use_the
         let holder = sell(&setup.apps[0], item, "strategy=setnx-ttl&work_ms=400");
         let waiter = async {
             tokio::time::sleep(Duration::from_millis(100)).await;
+            let started = Instant::now();
+            let reply = sell(&setup.apps[1], item, "strategy=setnx-ttl").await;
+            (reply, started.elapsed())
+        };
+        // The subscription is made while a sale waits: looked at while the waiter waits.
+        let subscribed = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
             let channel = format!("inventory:{{{item}}}:lock:released");
             let mut node = setup.cluster.node_connection(owner.port).await;
             let (_, sharded): (String, i64) = redis::cmd("PUBSUB")
@@ -230,11 +237,9 @@ async fn both_ways_of_waiting_sell_exactly_the_stock_and_pubsub_releases_use_the
                 .query_async(&mut node)
                 .await
                 .unwrap();
-            let started = Instant::now();
-            let reply = sell(&setup.apps[1], item, "strategy=setnx-ttl").await;
-            (sharded, plain, reply, started.elapsed())
+            (sharded, plain)
         };
-        let (held, (sharded, plain, waited, took)) = tokio::join!(holder, waiter);
+        let (held, (waited, took), (sharded, plain)) = tokio::join!(holder, waiter, subscribed);
         assert_eq!(held.status, 200, "{:?}", held.body);
         assert!(
             sharded >= 1,
