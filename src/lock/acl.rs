@@ -266,14 +266,10 @@ fn hand_off_queue(
         add("HSET", &[key, "x", "1"]);
     }
     let (queue, entries, inboxes) = (&keys.queue, &keys.queue_entries, &keys.queue_inboxes);
-    for command in ["ZADD", "ZREM", "ZRANGE", "ZPOPMIN"] {
-        let args: &[&str] = match command {
-            "ZADD" => &[queue, "1", "x"],
-            "ZRANGE" => &[queue, "0", "0"],
-            _ => &[queue, "x"],
-        };
-        add(command, args);
-    }
+    add("ZADD", &[queue, "1", "x"]);
+    add("ZREM", &[queue, "x"]);
+    add("ZRANGE", &[queue, "0", "0"]);
+    add("ZPOPMIN", &[queue, "1"]);
     add("PEXPIRE", &[queue, "1"]);
     for command in ["HSET", "HGET", "HDEL", "HEXISTS"] {
         add(command, &[entries, "x", "1"]);
