@@ -466,14 +466,7 @@ async fn report_redis_at_start(store: Store, needs: Vec<Need>, strategy: Strateg
                 _ => {}
             }
             // A command the sales need, refused to the user: said now, not at the first sale.
-            let refused = match store.writable(&crate::lock::acl::checks(&needs)).await {
-                Ok(refused) => refused.map(|i| needs[i].describe()),
-                Err(e) if crate::store::is_command_refused(&e) => {
-                    Some(crate::lock::acl::SCRIPTS_REFUSED.to_owned())
-                }
-                Err(_) => None,
-            };
-            if let Some(what) = refused {
+            if let Ok(Some(what)) = crate::lock::acl::refused(&store, &needs).await {
                 tracing::error!(
                     "the Redis user may not run {what}, which sales of {strategy} \
                      (LOCK_STRATEGY) send: /ready answers 503 redis_auth_failed, and those \

@@ -150,16 +150,7 @@ async fn ready(State(app): State<Arc<AppState>>) -> Result<Json<Status>, ApiErro
     // unmet, a save failing, memory full), or refuse its user a command the sales need:
     // asked without writing or running any of them.
     let needs = app.seller.acl_needs(app.default_strategy);
-    let checks = crate::lock::acl::checks(&needs);
-    let refused = match app.seller.store().writable(&checks).await {
-        Ok(refused) => refused.map(|i| needs[i].describe()),
-        // The probe is a script: its own EVALSHA (or the SCRIPT LOAD behind it) was refused.
-        Err(e) if crate::store::is_command_refused(&e) => {
-            Some(crate::lock::acl::SCRIPTS_REFUSED.to_owned())
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if let Some(what) = refused {
+    if let Some(what) = crate::lock::acl::refused(app.seller.store(), &needs).await? {
         return Err(ApiError::MayNotRun {
             what,
             strategy: app.default_strategy,
@@ -264,14 +255,7 @@ async fn check_node(node: &crate::store::Store) -> redis::RedisResult<Option<Str
     // too, and `/ready` listed it `ok` while every quorum sale answered 503. And one whose
     // user may not run a command of the vote.
     let needs = crate::lock::acl::node_needs(&node.keys);
-    let refused = match node.writable(&crate::lock::acl::checks(&needs)).await {
-        Ok(refused) => refused.map(|i| needs[i].describe()),
-        Err(e) if crate::store::is_command_refused(&e) => {
-            Some(crate::lock::acl::SCRIPTS_REFUSED.to_owned())
-        }
-        Err(e) => return Err(e),
-    };
-    if let Some(what) = refused {
+    if let Some(what) = crate::lock::acl::refused(node, &needs).await? {
         return Err(redis::RedisError::from((
             redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
             VOTE_REFUSED,

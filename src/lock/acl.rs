@@ -13,12 +13,14 @@
 //! unready for a strategy nobody asks it for.
 
 use super::wait::WaitMode;
-use crate::store::Keys;
+use redis::RedisResult;
+
+use crate::store::{Keys, Store};
 use crate::strategy::{RedisLock, Strategy};
 
 /// What a refusal of the readiness probe's own script means: the probe is a script, so its
 /// `EVALSHA` (or the `SCRIPT LOAD` behind it) was refused before any check ran.
-pub const SCRIPTS_REFUSED: &str = "EVALSHA or SCRIPT LOAD (every sale runs scripts)";
+const SCRIPTS_REFUSED: &str = "EVALSHA or SCRIPT LOAD (every sale runs scripts)";
 
 /// A script's hash in a check: the ACL reads only its keys.
 const SHA: &str = "0000000000000000000000000000000000000000";
@@ -57,12 +59,20 @@ impl Need {
     }
 }
 
-/// `needs` as [`crate::store::Store::writable`] takes them.
-pub fn checks(needs: &[Need]) -> Vec<(&str, &[String])> {
-    needs
+/// Whether `store` takes writes now, and which of `needs` its user may not run, asked
+/// without running any of them ([`Store::writable`]): the first one refused, described; a
+/// refusal of the probe's own script is one of `EVALSHA` or `SCRIPT LOAD`. Redis's refusal
+/// of writes (`READONLY`, `NOREPLICAS`...) and a Redis that does not answer are the error.
+pub async fn refused(store: &Store, needs: &[Need]) -> RedisResult<Option<String>> {
+    let checks: Vec<(&str, &[String])> = needs
         .iter()
         .map(|n| (n.command, n.args.as_slice()))
-        .collect()
+        .collect();
+    match store.writable(&checks).await {
+        Ok(refused) => Ok(refused.map(|i| needs[i].describe())),
+        Err(e) if crate::store::is_command_refused(&e) => Ok(Some(SCRIPTS_REFUSED.to_owned())),
+        Err(e) => Err(e),
+    }
 }
 
 /// How the instance reaches Redis, as far as the commands sent depend on it.
